@@ -1,0 +1,24 @@
+"""replicate: write one training step for one replica, run it on many.
+
+>>> import replicate as rp, replicate.numpy as rnp
+>>> float(rp.grad(rnp.asarray(2.0) ** 3, rnp.asarray(2.0)))
+0.0
+"""
+
+from . import numpy  # noqa: F401  (installs the array operators)
+from .context import ReplicaContext, num_replicas, replica_id
+from .control import cond
+from .errors import (CollectiveMismatchError, ReplicateError, ShapeError,
+                     TracerConversionError)
+from .function import Function, function
+from .graph.autodiff import grad, value_and_grad
+from .graph.core import Array, Graph
+from .state import Variable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
+    "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
+    "num_replicas", "replica_id", "value_and_grad", "__version__",
+]

@@ -1,0 +1,146 @@
+"""Reverse-mode autodiff over the node graph, in both modes.
+
+``grad`` walks back from the output through ``array.node`` links (the eager tape or the traced
+graph) and applies the VJP rules of ``vjp_rules.VJP``. The rules are written with
+``replicate.numpy`` ops, so in graph mode the backward pass is added to the graph, and in eager mode
+it is computed at once *and* recorded — which is why gradients are differentiable again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tree
+from ..errors import MissingRuleError, ReplicateError
+from .core import Array
+from .primitives import get, is_float
+
+
+def _as_target(x) -> Array:
+    if isinstance(x, Array):
+        return x
+    if hasattr(x, "read"):  # a Variable: differentiate w.r.t. its current value
+        return x.read()
+    raise ReplicateError(f"grad: cannot differentiate with respect to {type(x).__name__}; "
+                         "pass Arrays or Variables")
+
+
+def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
+    """Arrays reachable backwards from y, in topological order, and which ones depend on a target."""
+    order, relevant, seen = [], {}, set()
+    stack = [(y, False)]
+    while stack:
+        a, expanded = stack.pop()
+        if expanded:
+            deps = a.node.inputs if (a.node is not None and a.id not in targets) else ()
+            relevant[a.id] = a.id in targets or any(relevant.get(i.id, False) for i in deps)
+            order.append(a)
+            continue
+        if a.id in seen:
+            continue
+        seen.add(a.id)
+        stack.append((a, True))
+        if a.node is not None and a.id not in targets:
+            for i in a.node.inputs:
+                if i.id not in seen:
+                    stack.append((i, False))
+    return order, relevant
+
+
+def backward(y: Array, xs: list, y_grad: Array) -> list:
+    """Cotangents of ``xs`` given the cotangent ``y_grad`` of ``y`` (None where unconnected)."""
+    from ..numpy import add
+    from .vjp_rules import VJP
+
+    targets = {x.id for x in xs}
+    order, relevant = _topo_order(y, targets)
+    cts = {y.id: y_grad}
+    for a in reversed(order):
+        g = cts.get(a.id)
+        if g is None or a.node is None or a.id in targets or not relevant[a.id]:
+            continue
+        node = a.node
+        spec = get(node.prim)
+        if not spec.differentiable:
+            continue
+        rule = VJP.get(node.prim)
+        if rule is None:
+            raise MissingRuleError(f"no vjp rule for {node.prim}")
+        needs = tuple(relevant.get(i.id, False) and is_float(i.dtype) for i in node.inputs)
+        in_cts = rule(g, a, needs, *node.inputs, **node.attrs)
+        for inp, need, ct in zip(node.inputs, needs, in_cts):
+            if not need or ct is None:
+                continue
+            if ct.shape != inp.shape:
+                raise AssertionError(f"vjp of {node.prim} gave {ct.shape} for {inp.shape}")
+            prev = cts.get(inp.id)
+            cts[inp.id] = ct if prev is None else add(prev, ct)
+    return [cts.get(x.id) for x in xs]
+
+
+def grad(y, wrt, y_grad=None):
+    """Gradient of ``y`` with respect to ``wrt`` (an Array, Variable, or a nest of them).
+
+    ``y`` must be a scalar unless ``y_grad`` (its cotangent) is given. Works in eager and graph
+    mode; the result is differentiable again (grad-of-grad).
+
+    >>> import replicate as rp, replicate.numpy as rnp
+    >>> x = rnp.asarray(3.0)
+    >>> y = x * x * x
+    >>> dy = rp.grad(y, x)
+    >>> float(dy), float(rp.grad(dy, x))
+    (27.0, 18.0)
+    """
+    from ..numpy import as_array, cast, ones_like, zeros_like
+
+    y = as_array(y)
+    if not is_float(y.dtype):
+        raise ReplicateError(f"grad: the output must be floating point, got {y.dtype}")
+    if y_grad is None:
+        if y.size != 1:
+            raise ReplicateError(f"grad: the output has shape {y.shape}; reduce it to a scalar "
+                                 "(e.g. .mean()) or pass y_grad")
+        y_grad = ones_like(y)
+    else:
+        y_grad = cast(as_array(y_grad), y.dtype)
+        if y_grad.shape != y.shape:
+            raise ReplicateError(f"grad: y_grad shape {y_grad.shape} != output shape {y.shape}")
+    leaves, treedef = tree.flatten(wrt)
+    xs = [_as_target(x) for x in leaves]
+    cts = backward(y, xs, y_grad)
+    out = [ct if ct is not None else zeros_like(x) for ct, x in zip(cts, xs)]
+    return tree.unflatten(treedef, out)
+
+
+def value_and_grad(fn, wrt=None, has_aux=False):
+    """``fn``'s value and its gradient.
+
+    With ``wrt=None`` the gradient is taken with respect to ``fn``'s first argument (a nest);
+    otherwise with respect to ``wrt`` (e.g. ``model.parameters()``). With ``has_aux`` ``fn``
+    returns ``(value, aux)`` and the result is ``((value, aux), grads)``.
+
+    >>> import replicate as rp, replicate.numpy as rnp
+    >>> v, g = rp.value_and_grad(lambda x: (x ** 2).sum())(np.array([1.0, 2.0]))
+    >>> float(v), g.tolist()
+    (5.0, [2.0, 4.0])
+    """
+    from ..numpy import as_array
+
+    def wrapped(*args):
+        if wrt is None:
+            if not args:
+                raise ReplicateError("value_and_grad: fn needs an argument to differentiate")
+            first = tree.tree_map(as_array, args[0])
+            out = fn(first, *args[1:])
+            targets = first
+        else:
+            out = fn(*args)
+            targets = wrt
+        value = out[0] if has_aux else out
+        grads = grad(value, targets)
+        return out, grads
+
+    return wrapped
+
+
+__all__ = ["grad", "value_and_grad", "backward", "np"]

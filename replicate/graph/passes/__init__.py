@@ -1,0 +1,5 @@
+"""Graph-to-graph passes. Each takes a Graph and returns a new (or the same) Graph."""
+
+from .dce import dce
+
+__all__ = ["dce"]

@@ -1,0 +1,285 @@
+"""Primitive declarations and their shape/dtype rules.
+
+Every primitive is declared once here with its kind. The other concerns live in their own tables,
+keyed by the primitive's name:
+
+* shape/dtype rule ......... this module (``Primitive.shape_rule``)
+* NumPy implementation ..... ``replicate/backends/numpy_impl.py`` (``IMPL``)
+* gradient (VJP) rule ...... ``replicate/graph/vjp_rules.py`` (``VJP``)
+
+``tests/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MissingRuleError, ShapeError
+from .core import AVal
+
+ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE = (
+    "elementwise", "reduction", "structural", "contraction", "random", "source", "collective")
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    kind: str
+    shape_rule: Callable
+    differentiable: bool = True  # False: gradient is zero by definition (no VJP entry needed)
+
+
+REGISTRY: dict[str, Primitive] = {}
+
+
+def declare(name, kind, shape_rule, differentiable=True):
+    REGISTRY[name] = Primitive(name, kind, shape_rule, differentiable)
+
+
+def get(name: str) -> Primitive:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise MissingRuleError(f"no primitive named {name!r}") from None
+
+
+# -- shape rules ------------------------------------------------------------------------------
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def is_float(dtype) -> bool:
+    return np.dtype(dtype).name in FLOATS
+
+
+def _unary(a, **_):
+    return a
+
+
+def _unary_float(a, **_):
+    if not is_float(a.dtype):
+        raise ShapeError(f"needs a floating-point operand, got {a.dtype}")
+    return a
+
+
+def _broadcast(*avals):
+    try:
+        return tuple(np.broadcast_shapes(*[a.shape for a in avals]))
+    except ValueError:
+        raise ShapeError("shapes " + " and ".join(str(a.shape) for a in avals)
+                         + " do not broadcast") from None
+
+
+def _same_dtype(*avals):
+    dtypes = {np.dtype(a.dtype) for a in avals}
+    if len(dtypes) != 1:
+        raise ShapeError(f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")
+    return avals[0].dtype
+
+
+def _binary(a, b, **_):
+    return AVal(_broadcast(a, b), _same_dtype(a, b))
+
+
+def _compare(a, b, **_):
+    _same_dtype(a, b)
+    return AVal(_broadcast(a, b), np.dtype(bool))
+
+
+def _logical(a, b, **_):
+    if a.dtype != bool or b.dtype != bool:
+        raise ShapeError("logical ops need bool operands")
+    return AVal(_broadcast(a, b), np.dtype(bool))
+
+
+def _select(c, a, b, **_):
+    if c.dtype != bool:
+        raise ShapeError(f"select's condition must be bool, got {c.dtype}")
+    return AVal(_broadcast(c, a, b), _same_dtype(a, b))
+
+
+def _cast(a, dtype):
+    return AVal(a.shape, np.dtype(dtype))
+
+
+def _check_axes(a, axes):
+    for ax in axes:
+        if not 0 <= ax < len(a.shape):
+            raise ShapeError(f"axis {ax} out of range for shape {a.shape}")
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"repeated axis in {axes}")
+
+
+def _reduce(a, axes):
+    _check_axes(a, axes)
+    return AVal(tuple(d for i, d in enumerate(a.shape) if i not in axes), a.dtype)
+
+
+def _reduce_nonempty(a, axes):
+    if any(a.shape[ax] == 0 for ax in axes):
+        raise ShapeError("max/min/argmax/argmin of an empty axis")
+    return _reduce(a, axes)
+
+
+def _arg_reduce(a, axis):
+    out = _reduce_nonempty(a, (axis,))
+    return AVal(out.shape, np.dtype(np.int64))
+
+
+def _reshape(a, shape):
+    if int(np.prod(shape, dtype=np.int64)) != int(np.prod(a.shape, dtype=np.int64)):
+        raise ShapeError(f"cannot reshape {a.shape} to {shape}")
+    return AVal(tuple(shape), a.dtype)
+
+
+def _transpose(a, perm):
+    if sorted(perm) != list(range(len(a.shape))):
+        raise ShapeError(f"bad permutation {perm} for shape {a.shape}")
+    return AVal(tuple(a.shape[p] for p in perm), a.dtype)
+
+
+def _broadcast_to(a, shape):
+    if tuple(np.broadcast_shapes(a.shape, shape)) != tuple(shape):
+        raise ShapeError(f"cannot broadcast {a.shape} to {shape}")
+    return AVal(tuple(shape), a.dtype)
+
+
+def _concatenate(*avals, axis):
+    dtype = _same_dtype(*avals)
+    first = avals[0].shape
+    if not 0 <= axis < len(first):
+        raise ShapeError(f"axis {axis} out of range for shape {first}")
+    for a in avals:
+        if len(a.shape) != len(first) or any(
+                d != e for i, (d, e) in enumerate(zip(a.shape, first)) if i != axis):
+            raise ShapeError(f"cannot concatenate shapes {[x.shape for x in avals]} on axis {axis}")
+    shape = list(first)
+    shape[axis] = sum(a.shape[axis] for a in avals)
+    return AVal(tuple(shape), dtype)
+
+
+def _pad(a, widths, value):
+    if len(widths) != len(a.shape) or any(lo < 0 or hi < 0 for lo, hi in widths):
+        raise ShapeError(f"bad pad widths {widths} for shape {a.shape}")
+    return AVal(tuple(d + lo + hi for d, (lo, hi) in zip(a.shape, widths)), a.dtype)
+
+
+def index_tuple(index, arrays):
+    """Turn a static index spec plus index arrays into a NumPy index tuple."""
+    out = []
+    for entry in index:
+        tag = entry[0]
+        if tag == "int":
+            out.append(entry[1])
+        elif tag == "slice":
+            out.append(slice(*entry[1:]))
+        elif tag == "none":
+            out.append(None)
+        elif tag == "ellipsis":
+            out.append(Ellipsis)
+        else:  # ("array", k)
+            out.append(arrays[entry[1]])
+    return tuple(out)
+
+
+def _dummy(shape, dtype):
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
+
+
+def _getitem(a, *idx, index):
+    for i in idx:
+        if not np.issubdtype(i.dtype, np.integer):
+            raise ShapeError(f"index arrays must be integers, got {i.dtype}")
+    arrays = [np.zeros(i.shape, np.intp) for i in idx]
+    try:
+        shape = _dummy(a.shape, a.dtype)[index_tuple(index, arrays)].shape
+    except IndexError as e:
+        raise ShapeError(str(e)) from None
+    return AVal(tuple(shape), a.dtype)
+
+
+def _scatter_add(g, *idx, index, shape):
+    expect = _getitem(AVal(tuple(shape), g.dtype), *idx, index=index)
+    if expect.shape != g.shape:
+        raise ShapeError(f"scatter_add update {g.shape} does not match {expect.shape}")
+    return AVal(tuple(shape), g.dtype)
+
+
+def _matmul(a, b):
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError("matmul primitive needs rank >= 2 operands")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul contraction mismatch: {a.shape} @ {b.shape}")
+    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return AVal(batch + (a.shape[-2], b.shape[-1]), _same_dtype(a, b))
+
+
+def parse_einsum(subscripts: str):
+    lhs, out = subscripts.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+def _einsum(*avals, subscripts):
+    ins, out = parse_einsum(subscripts)
+    if len(ins) != len(avals):
+        raise ShapeError(f"einsum {subscripts!r} expects {len(ins)} operands, got {len(avals)}")
+    sizes: dict = {}
+    for term, a in zip(ins, avals):
+        if len(term) != len(a.shape):
+            raise ShapeError(f"einsum term {term!r} does not match shape {a.shape}")
+        for letter, d in zip(term, a.shape):
+            if sizes.setdefault(letter, d) != d:
+                raise ShapeError(f"einsum index {letter!r} has sizes {sizes[letter]} and {d}")
+    return AVal(tuple(sizes[c] for c in out), _same_dtype(*avals))
+
+
+def _random(key, shape, dtype, stream=0):
+    if key.shape != (2,) or key.dtype != np.uint32:
+        raise ShapeError(f"a random key is uint32[2], got {key}")
+    return AVal(tuple(shape), np.dtype(dtype))
+
+
+def _const(*, value):
+    return AVal(tuple(value.shape), value.dtype)
+
+
+# -- the declarations ---------------------------------------------------------------------------
+for _name in ("neg", "abs"):
+    declare(_name, ELEMENTWISE, _unary)
+for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "logistic", "sin", "cos"):
+    declare(_name, ELEMENTWISE, _unary_float)
+for _name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+    declare(_name, ELEMENTWISE, _binary)
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    declare(_name, ELEMENTWISE, _compare, differentiable=False)
+for _name in ("logical_and", "logical_or"):
+    declare(_name, ELEMENTWISE, _logical, differentiable=False)
+declare("logical_not", ELEMENTWISE, _unary, differentiable=False)
+declare("sign", ELEMENTWISE, _unary, differentiable=False)  # derivative is 0 almost everywhere
+declare("select", ELEMENTWISE, _select)
+declare("cast", ELEMENTWISE, _cast)
+declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False)
+
+declare("reduce_sum", REDUCTION, _reduce)
+declare("reduce_prod", REDUCTION, _reduce)
+declare("reduce_max", REDUCTION, _reduce_nonempty)
+declare("reduce_min", REDUCTION, _reduce_nonempty)
+declare("argmax", REDUCTION, _arg_reduce, differentiable=False)
+declare("argmin", REDUCTION, _arg_reduce, differentiable=False)
+
+declare("reshape", STRUCTURAL, _reshape)
+declare("transpose", STRUCTURAL, _transpose)
+declare("broadcast_to", STRUCTURAL, _broadcast_to)
+declare("concatenate", STRUCTURAL, _concatenate)
+declare("pad", STRUCTURAL, _pad)
+declare("getitem", STRUCTURAL, _getitem)
+declare("scatter_add", STRUCTURAL, _scatter_add)
+
+declare("matmul", CONTRACTION, _matmul)
+declare("einsum", CONTRACTION, _einsum)
+
+declare("random_bits", RANDOM, _random, differentiable=False)
+declare("random_uniform", RANDOM, _random, differentiable=False)
+declare("const", SOURCE, _const, differentiable=False)

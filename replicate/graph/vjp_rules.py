@@ -1,0 +1,162 @@
+"""Gradient (VJP) rules, one per differentiable primitive, written with ``replicate.numpy``.
+
+A rule is ``rule(g, out, needs, *inputs, **attrs) -> cotangent per input`` where ``g`` is the
+cotangent of ``out`` and ``needs[i]`` says whether input i's cotangent is wanted (a rule may return
+None for inputs not needed). Because the rules use the library's own ops, they run eagerly or are
+traced like any other code, and they are differentiable themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import numpy as rnp
+from .primitives import parse_einsum
+
+
+def unbroadcast(g, shape):
+    """Sum ``g`` down to ``shape`` (undo NumPy broadcasting)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+    return rnp.reshape(rnp.sum(g, axis=axes), shape)
+
+
+def _keepdims_shape(x, axes):
+    return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+
+
+def _reduce_sum(g, out, needs, x, axes):
+    return (rnp.broadcast_to(rnp.reshape(g, _keepdims_shape(x, axes)), x.shape),)
+
+
+def _reduce_extremum(g, out, needs, x, axes):
+    keep = _keepdims_shape(x, axes)
+    mask = rnp.cast(rnp.equal(x, rnp.reshape(out, keep)), g.dtype)
+    share = mask / rnp.sum(mask, axis=axes, keepdims=True)  # ties share the gradient equally
+    return (share * rnp.reshape(g, keep),)
+
+
+def _reduce_prod(g, out, needs, x, axes):
+    keep = _keepdims_shape(x, axes)
+    return (rnp.reshape(g * out, keep) / x,)  # note: undefined where x == 0
+
+
+def _binary(fa, fb):
+    def rule(g, out, needs, a, b):
+        return (unbroadcast(fa(g, out, a, b), a.shape) if needs[0] else None,
+                unbroadcast(fb(g, out, a, b), b.shape) if needs[1] else None)
+
+    return rule
+
+
+def _pow_exponent(g, out, a, b):
+    positive = a > 0
+    safe = rnp.where(positive, a, 1.0)
+    return rnp.where(positive, g * out * rnp.log(safe), 0.0)
+
+
+def _select(g, out, needs, c, a, b):
+    zero = rnp.zeros((), g.dtype)
+    return (None,
+            unbroadcast(rnp.where(c, g, zero), a.shape) if needs[1] else None,
+            unbroadcast(rnp.where(c, zero, g), b.shape) if needs[2] else None)
+
+
+def _concatenate(g, out, needs, *xs, axis):
+    cts, start = [], 0
+    for x in xs:
+        index = (slice(None),) * axis + (slice(start, start + x.shape[axis]),)
+        cts.append(g[index])
+        start += x.shape[axis]
+    return cts
+
+
+def _pad(g, out, needs, x, widths, value):
+    return (g[tuple(slice(lo, lo + d) for (lo, _), d in zip(widths, x.shape))],)
+
+
+def _getitem(g, out, needs, x, *idx, index):
+    from .core import bind
+
+    return (bind("scatter_add", g, *idx, index=index, shape=x.shape),) + (None,) * len(idx)
+
+
+def _scatter_add(g, out, needs, upd, *idx, index, shape):
+    from .core import bind
+
+    return (bind("getitem", g, *idx, index=index),) + (None,) * len(idx)
+
+
+def _matmul(g, out, needs, a, b):
+    return (unbroadcast(rnp.matmul(g, rnp.swapaxes(b, -1, -2)), a.shape) if needs[0] else None,
+            unbroadcast(rnp.matmul(rnp.swapaxes(a, -1, -2), g), b.shape) if needs[1] else None)
+
+
+def _einsum(g, out, needs, *xs, subscripts):
+    ins, out_term = parse_einsum(subscripts)
+    cts = []
+    for i, (term, x) in enumerate(zip(ins, xs)):
+        if not needs[i]:
+            cts.append(None)
+            continue
+        others = [t for j, t in enumerate(ins) if j != i]
+        keep = "".join(c for c in term if c in out_term or any(c in t for t in others))
+        ops = [g] + [xj for j, xj in enumerate(xs) if j != i]
+        ct = rnp.einsum(",".join([out_term] + others) + "->" + keep, *ops)
+        if keep != term:  # letters summed only inside this operand: broadcast back
+            ct = rnp.broadcast_to(rnp.reshape(ct, tuple(
+                d if c in keep else 1 for c, d in zip(term, x.shape))), x.shape)
+        cts.append(ct)
+    return cts
+
+
+def _cast(g, out, needs, x, dtype):
+    return (rnp.cast(g, x.dtype),)
+
+
+def _unary(fn):
+    return lambda g, out, needs, x: (fn(g, out, x),)
+
+
+VJP = {
+    "neg": _unary(lambda g, out, x: -g),
+    "abs": _unary(lambda g, out, x: g * rnp.sign(x)),
+    "exp": _unary(lambda g, out, x: g * out),
+    "log": _unary(lambda g, out, x: g / x),
+    "log1p": _unary(lambda g, out, x: g / (x + 1.0)),
+    "expm1": _unary(lambda g, out, x: g * (out + 1.0)),
+    "sqrt": _unary(lambda g, out, x: g * 0.5 / out),
+    "rsqrt": _unary(lambda g, out, x: g * -0.5 * out / x),
+    "tanh": _unary(lambda g, out, x: g * (1.0 - out * out)),
+    "logistic": _unary(lambda g, out, x: g * out * (1.0 - out)),
+    "sin": _unary(lambda g, out, x: g * rnp.cos(x)),
+    "cos": _unary(lambda g, out, x: -g * rnp.sin(x)),
+    "add": _binary(lambda g, o, a, b: g, lambda g, o, a, b: g),
+    "sub": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g),
+    "mul": _binary(lambda g, o, a, b: g * b, lambda g, o, a, b: g * a),
+    "div": _binary(lambda g, o, a, b: g / b, lambda g, o, a, b: -g * o / b),
+    "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
+    "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),
+                       lambda g, o, a, b: g * rnp.cast(a < b, g.dtype)),
+    "minimum": _binary(lambda g, o, a, b: g * rnp.cast(a <= b, g.dtype),
+                       lambda g, o, a, b: g * rnp.cast(a > b, g.dtype)),
+    "select": _select,
+    "cast": _cast,
+    "reduce_sum": _reduce_sum,
+    "reduce_max": _reduce_extremum,
+    "reduce_min": _reduce_extremum,
+    "reduce_prod": _reduce_prod,
+    "reshape": lambda g, out, needs, x, shape: (rnp.reshape(g, x.shape),),
+    "transpose": lambda g, out, needs, x, perm: (rnp.transpose(g, tuple(np.argsort(perm))),),
+    "broadcast_to": lambda g, out, needs, x, shape: (unbroadcast(g, x.shape),),
+    "concatenate": _concatenate,
+    "pad": _pad,
+    "getitem": _getitem,
+    "scatter_add": _scatter_add,
+    "matmul": _matmul,
+    "einsum": _einsum,
+}

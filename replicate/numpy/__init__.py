@@ -1,0 +1,64 @@
+"""``replicate.numpy``: the NumPy-like op namespace. Every function works traced and eager.
+
+>>> import replicate.numpy as rnp
+>>> x = rnp.asarray([[1.0, 2.0], [3.0, 4.0]])
+>>> (x @ x.T).tolist()
+[[5.0, 11.0], [11.0, 25.0]]
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+
+from ..graph.core import Array
+from . import random
+from ._base import as_array, cast
+from ._elementwise import (abs, add, astype, clip, cos, divide, equal, exp, expm1, floor_divide,
+                           greater, greater_equal, isfinite, less, less_equal, log, log1p,
+                           logical_and, logical_not, logical_or, maximum, minimum, multiply,
+                           negative, not_equal, power, reciprocal, rsqrt, sigmoid, sign, sin,
+                           softplus, sqrt, square, stop_gradient, subtract, tanh, true_divide,
+                           where)
+from ._linalg import avg_pool2d, conv2d, dot, einsum, matmul, max_pool2d
+from ._reductions import argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
+from ._shape import (arange, array, asarray, broadcast_to, concatenate, expand_dims, eye, full,
+                     getitem, moveaxis, one_hot, ones, ones_like, pad, ravel, reshape, split,
+                     squeeze, stack, swapaxes, take, take_along_axis, transpose, zeros,
+                     zeros_like)
+
+float16, float32, float64 = _np.float16, _np.float32, _np.float64
+int32, int64, uint32, bool_ = _np.int32, _np.int64, _np.uint32, _np.bool_
+pi, inf, nan = _np.pi, _np.inf, _np.nan
+
+
+def _install_operators(cls):
+    """Give ``cls`` (Array, Variable) NumPy's operators, each a call into this namespace."""
+
+    def flip(fn):
+        return lambda self, other: fn(other, self)
+
+    ops = {
+        "__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
+        "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide,
+        "__radd__": flip(add), "__rsub__": flip(subtract), "__rmul__": flip(multiply),
+        "__rtruediv__": flip(divide), "__rpow__": flip(power), "__rmatmul__": flip(matmul),
+        "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
+        "__eq__": equal, "__ne__": not_equal,
+        "__and__": logical_and, "__or__": logical_or, "__invert__": logical_not,
+        "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
+        "__getitem__": getitem,
+        "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod, "var": var, "std": std,
+        "argmax": argmax, "argmin": argmin, "reshape": lambda self, *s: reshape(
+            self, s[0] if len(s) == 1 else s),
+        "transpose": lambda self, *axes: transpose(self, axes or None),
+        "astype": cast, "ravel": ravel, "squeeze": squeeze,
+    }
+    for name, fn in ops.items():
+        setattr(cls, name, fn)
+    cls.T = property(lambda self: transpose(self))
+    cls.__hash__ = object.__hash__
+
+
+_install_operators(Array)
+
+__all__ = [n for n in dir() if not n.startswith("_")]

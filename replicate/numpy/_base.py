@@ -1,0 +1,85 @@
+"""Conversions and dtype promotion shared by the op namespace."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import ReplicateError
+from ..graph.core import Array, bind, concrete
+from ..graph.primitives import is_float
+
+
+def as_array(x, dtype=None) -> Array:
+    """Turn an Array, Variable, NumPy array or Python number into an Array."""
+    if isinstance(x, Array):
+        return x if dtype is None or x.dtype == np.dtype(dtype) else cast(x, dtype)
+    read = getattr(x, "read", None)
+    if read is not None:
+        return as_array(read(), dtype)
+    if isinstance(x, (np.ndarray, np.generic, numbers.Number, list, tuple)):
+        try:
+            return concrete(np.asarray(x, dtype=dtype))
+        except (TypeError, ValueError) as e:
+            raise ReplicateError(f"cannot make an array from {type(x).__name__}: {e}") from None
+    raise ReplicateError(f"expected an array or number, got {type(x).__name__}")
+
+
+def dtype_key(x):
+    """What np.result_type should see: Python scalars stay weak (NEP 50)."""
+    if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
+        return x
+    if isinstance(x, Array):
+        return x.dtype
+    read = getattr(x, "read", None)
+    if read is not None:
+        return x.dtype
+    return np.asarray(x).dtype
+
+
+def result_dtype(*xs):
+    try:
+        return np.result_type(*[dtype_key(x) for x in xs])
+    except TypeError as e:
+        raise ReplicateError(f"no common dtype: {e}") from None
+
+
+def promote(*xs, floating=False):
+    """Convert operands to Arrays of one common dtype (NumPy promotion, weak Python scalars)."""
+    dtype = result_dtype(*xs)
+    if floating and not is_float(dtype):
+        dtype = np.dtype(np.float64)
+    return [as_array(x, dtype) for x in xs]
+
+
+def cast(x, dtype) -> Array:
+    """Convert to ``dtype`` (differentiable between float types).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.cast(rnp.asarray([1.7, -2.2]), "int32").tolist()
+    [1, -2]
+    """
+    x = as_array(x)
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    return bind("cast", x, dtype=dtype)
+
+
+def float_operand(x) -> Array:
+    x = as_array(x)
+    return x if is_float(x.dtype) else cast(x, np.float64)
+
+
+def norm_axes(axis, ndim) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise ReplicateError(f"axis {a} is out of range for an array of rank {ndim}")
+        out.append(a % ndim if ndim else 0)
+    return tuple(sorted(out))

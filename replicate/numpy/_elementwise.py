@@ -1,0 +1,136 @@
+"""Elementwise ops with NumPy broadcasting and dtype promotion."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph.core import bind
+from ._base import as_array, cast, float_operand, promote
+
+
+def _unary(prim, floating):
+    def op(x):
+        x = float_operand(x) if floating else as_array(x)
+        return bind(prim, x)
+
+    op.__name__ = prim
+    return op
+
+
+def _binary(prim, floating=False):
+    def op(a, b):
+        a, b = promote(a, b, floating=floating)
+        return bind(prim, a, b)
+
+    op.__name__ = prim
+    return op
+
+
+negative = _unary("neg", False)
+abs = _unary("abs", False)  # noqa: A001 - mirrors numpy's name
+sign = _unary("sign", False)
+exp = _unary("exp", True)
+log = _unary("log", True)
+log1p = _unary("log1p", True)
+expm1 = _unary("expm1", True)
+sqrt = _unary("sqrt", True)
+rsqrt = _unary("rsqrt", True)
+tanh = _unary("tanh", True)
+sigmoid = _unary("logistic", True)
+sin = _unary("sin", True)
+cos = _unary("cos", True)
+logical_not = _unary("logical_not", False)
+
+add = _binary("add")
+subtract = _binary("sub")
+multiply = _binary("mul")
+maximum = _binary("maximum")
+minimum = _binary("minimum")
+equal = _binary("eq")
+not_equal = _binary("ne")
+less = _binary("lt")
+less_equal = _binary("le")
+greater = _binary("gt")
+greater_equal = _binary("ge")
+logical_and = _binary("logical_and")
+logical_or = _binary("logical_or")
+true_divide = divide = _binary("div", floating=True)
+
+
+def power(a, b):
+    """``a ** b`` elementwise; the result is floating point unless both are integers.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.power(rnp.asarray([1.0, 2.0, 3.0]), 2).tolist()
+    [1.0, 4.0, 9.0]
+    """
+    a, b = promote(a, b)
+    return bind("pow", a, b)
+
+
+def floor_divide(a, b):
+    a, b = promote(a, b)
+    if np.issubdtype(a.dtype, np.floating):
+        raise NotImplementedError("floor_divide of floats is not a primitive; use rnp.divide")
+    return bind("div", a, b)
+
+
+def square(x):
+    return multiply(x, x)
+
+
+def reciprocal(x):
+    return divide(1.0, float_operand(x))
+
+
+def where(cond, a, b):
+    """Choose elementwise: ``a`` where ``cond`` is true, else ``b`` (broadcasting).
+
+    The traced replacement for a Python ``if`` on array values.
+
+    >>> import replicate.numpy as rnp
+    >>> x = rnp.asarray([-1.0, 2.0])
+    >>> rnp.where(x > 0, x, 0.0).tolist()
+    [0.0, 2.0]
+    """
+    cond = as_array(cond)
+    if cond.dtype != np.bool_:
+        cond = not_equal(cond, 0)
+    a, b = promote(a, b)
+    return bind("select", cond, a, b)
+
+
+def clip(x, lo=None, hi=None):
+    """Clamp into ``[lo, hi]``; either bound may be None."""
+    x = as_array(x)
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
+def softplus(x):
+    """``log(1 + exp(x))``, computed stably."""
+    x = float_operand(x)
+    return add(maximum(x, 0.0), log1p(exp(negative(abs(x)))))
+
+
+def isfinite(x):
+    x = float_operand(x)
+    return less(abs(x), np.inf)
+
+
+def stop_gradient(x):
+    """The identity whose gradient is zero.
+
+    >>> import replicate as rp, replicate.numpy as rnp
+    >>> x = rnp.asarray(3.0)
+    >>> float(rp.grad(x * rnp.stop_gradient(x), x))
+    3.0
+    """
+    return bind("stop_gradient", as_array(x))
+
+
+def astype(x, dtype):
+    return cast(x, dtype)

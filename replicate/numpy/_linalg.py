@@ -1,0 +1,130 @@
+"""Contractions (matmul, einsum), convolution and pooling.
+
+Convolution and pooling are built from primitives (pad, strided slices, einsum, max), so their
+gradients — and gradients of gradients — come from the same rule table as everything else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ReplicateError
+from ..graph.core import bind
+from ..graph.primitives import parse_einsum
+from ._base import as_array, promote
+from ._reductions import max as reduce_max
+from ._reductions import mean
+from ._shape import concatenate, expand_dims, pad, reshape, squeeze
+
+
+def matmul(a, b):
+    """Matrix product with NumPy semantics (1-D operands, broadcast batch dimensions).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.matmul(rnp.ones((2, 3)), rnp.ones(3)).tolist()
+    [3.0, 3.0]
+    """
+    a, b = promote(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ReplicateError("matmul: operands must have at least one dimension; use multiply")
+    va, vb = a.ndim == 1, b.ndim == 1
+    if va:
+        a = expand_dims(a, 0)
+    if vb:
+        b = expand_dims(b, -1)
+    out = bind("matmul", a, b)
+    if va:
+        out = squeeze(out, -2)
+    if vb:
+        out = squeeze(out, -1)
+    return out
+
+
+dot = matmul
+
+
+def einsum(subscripts, *operands):
+    """Einstein summation for the common cases (no ellipsis, no repeated index in one operand).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.einsum("ij,j->i", rnp.ones((2, 3)), rnp.ones(3)).tolist()
+    [3.0, 3.0]
+    """
+    operands = promote(*operands)
+    subscripts = subscripts.replace(" ", "")
+    if "." in subscripts:
+        raise ReplicateError("einsum: ellipsis is not supported; spell out the axes")
+    if "->" not in subscripts:
+        letters = subscripts.replace(",", "")
+        subscripts += "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins, _ = parse_einsum(subscripts)
+    for term in ins:
+        if len(set(term)) != len(term):
+            raise ReplicateError(f"einsum: repeated index in term {term!r} (traces/diagonals) "
+                                 "is not supported")
+    return bind("einsum", *operands, subscripts=subscripts)
+
+
+def _pair(v, name):
+    t = (v, v) if np.isscalar(v) else tuple(v)
+    if len(t) != 2 or any(int(i) < 0 for i in t):
+        raise ReplicateError(f"{name} must be a non-negative int or a pair, got {v!r}")
+    return tuple(int(i) for i in t)
+
+
+def _windows(x, kernel, stride, padding, dilation, pad_value=0.0):
+    """Stack the kernel-offset views of an NCHW input: (N, C, KH*KW, OH, OW)."""
+    if x.ndim != 4:
+        raise ReplicateError(f"expected an NCHW input, got shape {x.shape}")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if sh == 0 or sw == 0 or dh == 0 or dw == 0:
+        raise ReplicateError("stride and dilation must be positive")
+    x = pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), pad_value)
+    h, w = x.shape[2], x.shape[3]
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise ReplicateError(f"window {kernel} (dilation {dilation}) is larger than the padded "
+                             f"input {(h, w)}")
+    views = []
+    for i in range(kh):
+        for j in range(kw):
+            r, c = i * dh, j * dw
+            view = x[:, :, r:r + sh * (oh - 1) + 1:sh, c:c + sw * (ow - 1) + 1:sw]
+            views.append(expand_dims(view, 2))
+    return concatenate(views, axis=2), (oh, ow)
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1):
+    """2-D cross-correlation, NCHW input and OIHW weights (as ``torch.nn.functional.conv2d``).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.conv2d(rnp.ones((1, 1, 4, 4)), rnp.ones((2, 1, 3, 3)), padding=1).shape
+    (1, 2, 4, 4)
+    """
+    x, w = promote(x, w)
+    if w.ndim != 4 or x.ndim != 4 or w.shape[1] != x.shape[1]:
+        raise ReplicateError(f"conv2d: input {x.shape} (NCHW) and weight {w.shape} (OIHW) "
+                             "do not fit")
+    kernel = w.shape[2:]
+    cols, (oh, ow) = _windows(x, kernel, _pair(stride, "stride"), _pair(padding, "padding"),
+                              _pair(dilation, "dilation"))
+    wk = reshape(w, (w.shape[0], w.shape[1], kernel[0] * kernel[1]))
+    return einsum("nckhw,ock->nohw", cols, wk)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    """Max pooling over NCHW windows (padding counts as -inf)."""
+    x = as_array(x)
+    kernel = _pair(kernel_size, "kernel_size")
+    cols, _ = _windows(x, kernel, _pair(stride or kernel_size, "stride"),
+                       _pair(padding, "padding"), (1, 1), pad_value=-np.inf)
+    return reduce_max(cols, axis=2)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0):
+    """Average pooling over NCHW windows (padding counts as zeros, as in PyTorch's default)."""
+    x = as_array(x)
+    kernel = _pair(kernel_size, "kernel_size")
+    cols, _ = _windows(x, kernel, _pair(stride or kernel_size, "stride"),
+                       _pair(padding, "padding"), (1, 1))
+    return mean(cols, axis=2)

@@ -1,0 +1,103 @@
+"""Reductions over axes, with keepdims."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph.core import bind
+from ._base import as_array, cast, float_operand, norm_axes
+from ._elementwise import divide, exp, log, multiply, sqrt, stop_gradient, subtract
+
+
+def _keep(out, x, axes, keepdims):
+    if not keepdims:
+        return out
+    from ._shape import reshape
+
+    return reshape(out, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+
+
+def _reduce(prim, x, axis, keepdims):
+    x = as_array(x)
+    axes = norm_axes(axis, x.ndim)
+    return _keep(bind(prim, x, axes=axes), x, axes, keepdims)
+
+
+def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - mirrors numpy
+    """Sum over ``axis`` (all axes when None); bools and small ints sum as int64.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.sum(rnp.asarray([[1.0, 2.0], [3.0, 4.0]]), axis=0).tolist()
+    [4.0, 6.0]
+    """
+    x = as_array(x)
+    if dtype is not None:
+        x = cast(x, dtype)
+    elif x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.integer) and x.dtype.itemsize < 8):
+        x = cast(x, np.int64)
+    return _reduce("reduce_sum", x, axis, keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    return _reduce("reduce_prod", x, axis, keepdims)
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001
+    return _reduce("reduce_max", x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):  # noqa: A001
+    return _reduce("reduce_min", x, axis, keepdims)
+
+
+def _count(x, axis):
+    axes = norm_axes(axis, x.ndim)
+    return int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+
+
+def mean(x, axis=None, keepdims=False):
+    """Arithmetic mean over ``axis``."""
+    x = float_operand(x)
+    return divide(sum(x, axis, keepdims), float(_count(x, axis)))
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    """Variance over ``axis`` (``ddof`` as in NumPy)."""
+    x = float_operand(x)
+    centred = subtract(x, mean(x, axis, keepdims=True))
+    return divide(sum(multiply(centred, centred), axis, keepdims), float(_count(x, axis) - ddof))
+
+
+def std(x, axis=None, keepdims=False, ddof=0):
+    return sqrt(var(x, axis, keepdims, ddof))
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` computed stably (the max is subtracted first)."""
+    x = float_operand(x)
+    m = stop_gradient(max(x, axis, keepdims=True))
+    out = log(sum(exp(subtract(x, m)), axis, keepdims=True)) + m
+    if keepdims:
+        return out
+    from ._shape import squeeze
+
+    return squeeze(out, norm_axes(axis, x.ndim))
+
+
+def _arg(prim, x, axis, keepdims):
+    x = as_array(x)
+    if axis is None:
+        from ._shape import reshape
+
+        out = bind(prim, reshape(x, (-1,)), axis=0)
+        return _keep(out, x, tuple(range(x.ndim)), keepdims)
+    (ax,) = norm_axes(axis, x.ndim)
+    return _keep(bind(prim, x, axis=ax), x, (ax,), keepdims)
+
+
+def argmax(x, axis=None, keepdims=False):
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims=False):
+    return _arg("argmin", x, axis, keepdims)

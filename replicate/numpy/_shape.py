@@ -1,0 +1,266 @@
+"""Shape manipulation, indexing and array creation."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import ReplicateError
+from ..graph.core import Array, bind, concrete
+from ._base import as_array, cast, norm_axes, promote
+
+
+# -- creation ---------------------------------------------------------------------------------
+def asarray(x, dtype=None) -> Array:
+    """Make an Array from a NumPy array, nested list or number.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.asarray([1, 2]).dtype
+    dtype('int64')
+    """
+    return as_array(x, dtype)
+
+
+array = asarray
+
+
+def zeros(shape, dtype=np.float32):
+    return concrete(np.zeros(shape, dtype))
+
+
+def ones(shape, dtype=np.float32):
+    return concrete(np.ones(shape, dtype))
+
+
+def full(shape, fill_value, dtype=np.float32):
+    return concrete(np.full(shape, fill_value, dtype))
+
+
+def zeros_like(x, dtype=None):
+    x = as_array(x)
+    return zeros(x.shape, dtype or x.dtype)
+
+
+def ones_like(x, dtype=None):
+    x = as_array(x)
+    return ones(x.shape, dtype or x.dtype)
+
+
+def arange(*args, dtype=None):
+    return concrete(np.arange(*args, dtype=dtype))
+
+
+def eye(n, dtype=np.float32):
+    return concrete(np.eye(n, dtype=dtype))
+
+
+# -- shapes -----------------------------------------------------------------------------------
+def reshape(x, shape):
+    """Reshape; one dimension may be -1."""
+    x = as_array(x)
+    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(d) for d in shape)
+    if shape.count(-1) > 1:
+        raise ReplicateError(f"reshape: more than one -1 in {shape}")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        if known == 0 or x.size % known:
+            raise ReplicateError(f"cannot reshape {x.shape} to {shape}")
+        shape = tuple(x.size // known if d == -1 else d for d in shape)
+    if shape == x.shape:
+        return x
+    return bind("reshape", x, shape=shape)
+
+
+def ravel(x):
+    return reshape(x, (-1,))
+
+
+def transpose(x, axes=None):
+    x = as_array(x)
+    perm = tuple(reversed(range(x.ndim))) if axes is None else norm_perm(axes, x.ndim)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return bind("transpose", x, perm=perm)
+
+
+def norm_perm(axes, ndim):
+    perm = tuple(int(a) % ndim for a in axes)
+    if sorted(perm) != list(range(ndim)):
+        raise ReplicateError(f"transpose: {tuple(axes)} is not a permutation of {ndim} axes")
+    return perm
+
+
+def swapaxes(x, a, b):
+    x = as_array(x)
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, perm)
+
+
+def moveaxis(x, source, destination):
+    x = as_array(x)
+    perm = [i for i in range(x.ndim) if i != source % x.ndim]
+    perm.insert(destination % x.ndim, source % x.ndim)
+    return transpose(x, perm)
+
+
+def broadcast_to(x, shape):
+    x = as_array(x)
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    return bind("broadcast_to", x, shape=shape)
+
+
+def expand_dims(x, axis):
+    x = as_array(x)
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    ndim = x.ndim + len(axes)
+    axes = sorted(a % ndim for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return reshape(x, shape)
+
+
+def squeeze(x, axis=None):
+    x = as_array(x)
+    if axis is None:
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    else:
+        axes = norm_axes(axis, x.ndim)
+        for a in axes:
+            if x.shape[a] != 1:
+                raise ReplicateError(f"squeeze: axis {a} of shape {x.shape} is not 1")
+    return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def concatenate(xs, axis=0):
+    """Join arrays along an existing axis."""
+    xs = promote(*xs)
+    if not xs:
+        raise ReplicateError("concatenate needs at least one array")
+    if len(xs) == 1:
+        return xs[0]
+    (axis,) = norm_axes(axis, xs[0].ndim)
+    return bind("concatenate", *xs, axis=axis)
+
+
+def stack(xs, axis=0):
+    """Join arrays along a new axis."""
+    xs = promote(*xs)
+    return concatenate([expand_dims(x, axis) for x in xs], axis)
+
+
+def split(x, indices_or_sections, axis=0):
+    """Split into a list of sub-arrays (equal sections, or at the given indices)."""
+    x = as_array(x)
+    (axis,) = norm_axes(axis, x.ndim)
+    n = x.shape[axis]
+    if isinstance(indices_or_sections, numbers.Integral):
+        if n % indices_or_sections:
+            raise ReplicateError(f"split: {n} is not divisible into {indices_or_sections} sections")
+        step = n // indices_or_sections
+        bounds = list(range(0, n + 1, step)) if step else [0] * (indices_or_sections + 1)
+    else:
+        bounds = [0, *indices_or_sections, n]
+    pre = (slice(None),) * axis
+    return [x[pre + (slice(lo, hi),)] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def pad(x, pad_width, constant_values=0):
+    """Constant padding; ``pad_width`` as in ``np.pad`` (int, pair, or a pair per axis)."""
+    x = as_array(x)
+    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
+    widths = tuple((int(lo), int(hi)) for lo, hi in widths)
+    if all(w == (0, 0) for w in widths):
+        return x
+    return bind("pad", x, widths=widths, value=float(constant_values))
+
+
+# -- indexing ---------------------------------------------------------------------------------
+def _is_index_array(item):
+    return isinstance(item, (Array, np.ndarray, list)) or hasattr(item, "read")
+
+
+def getitem(x, key):
+    """``x[key]``: ints, slices, None, Ellipsis and integer arrays (NumPy semantics)."""
+    x = as_array(x)
+    if not isinstance(key, tuple):
+        key = (key,)
+    spec, arrays = [], []
+    for item in key:
+        if item is None:
+            spec.append(("none",))
+        elif item is Ellipsis:
+            spec.append(("ellipsis",))
+        elif isinstance(item, slice):
+            parts = [None if v is None else _static_int(v) for v in (item.start, item.stop, item.step)]
+            spec.append(("slice", *parts))
+        elif isinstance(item, (numbers.Integral, np.integer)) and not isinstance(item, bool):
+            spec.append(("int", int(item)))
+        elif _is_index_array(item):
+            arr = as_array(item)
+            if arr.dtype == np.bool_:
+                if arr.symbolic:
+                    raise ReplicateError(
+                        "boolean-mask indexing gives a data-dependent shape and cannot be traced; "
+                        "use rnp.where(mask, x, 0) or run in eager mode")
+                parts = [concrete(i) for i in np.nonzero(arr.value)]
+            elif np.issubdtype(arr.dtype, np.integer):
+                parts = [arr]
+            else:
+                raise ReplicateError(f"index arrays must be integers, got {arr.dtype}")
+            for part in parts:
+                spec.append(("array", len(arrays)))
+                arrays.append(part)
+        else:
+            raise ReplicateError(f"unsupported index {item!r}")
+    return bind("getitem", x, *arrays, index=tuple(spec))
+
+
+def _static_int(v):
+    if isinstance(v, Array):
+        return v.__index__()  # raises the tracer error for a traced bound
+    return int(v)
+
+
+def take(x, indices, axis=None):
+    """Gather entries along ``axis`` (flattened when None) at integer ``indices``."""
+    x = as_array(x)
+    if axis is None:
+        return getitem(ravel(x), as_array(indices))
+    (axis,) = norm_axes(axis, x.ndim)
+    return getitem(x, (slice(None),) * axis + (as_array(indices),))
+
+
+def take_along_axis(x, indices, axis):
+    """Pick ``x[..., indices[...], ...]`` along ``axis`` with matching other axes (NumPy semantics)."""
+    x, indices = as_array(x), as_array(indices)
+    (axis,) = norm_axes(axis, x.ndim)
+    if indices.ndim != x.ndim:
+        raise ReplicateError("take_along_axis: indices must have the same rank as x")
+    key = []
+    for i in range(x.ndim):
+        if i == axis:
+            key.append(indices)
+        else:
+            shape = [1] * x.ndim
+            shape[i] = x.shape[i]
+            key.append(concrete(np.arange(x.shape[i]).reshape(shape)))
+    return getitem(x, tuple(key))
+
+
+def one_hot(indices, num_classes, dtype=np.float32):
+    """One-hot encode integer ``indices`` into a new last axis of size ``num_classes``.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.one_hot(rnp.asarray([0, 2]), 3).tolist()
+    [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    from ._elementwise import equal
+
+    indices = as_array(indices)
+    hot = equal(expand_dims(indices, -1), concrete(np.arange(num_classes, dtype=indices.dtype)))
+    return cast(hot, dtype)

@@ -1,0 +1,64 @@
+"""Nests of arrays: flatten to a list of leaves and a hashable structure, and back.
+
+A nest is a dict (keys sorted), list or tuple of nests, or a leaf (anything else).
+
+>>> leaves, treedef = flatten({"b": [1, 2], "a": 3})
+>>> leaves
+[3, 1, 2]
+>>> unflatten(treedef, [30, 10, 20])
+{'a': 30, 'b': [10, 20]}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+LEAF = "*"
+
+
+def flatten(nest: Any) -> tuple[list, Any]:
+    """Return (leaves, treedef); treedef is hashable and usable as a cache key."""
+    leaves: list = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            keys = sorted(x)
+            return ("dict", tuple(keys), tuple(walk(x[k]) for k in keys))
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            return (type(x).__name__, len(x), tuple(walk(v) for v in x))
+        if x is None:
+            return ("none",)
+        leaves.append(x)
+        return LEAF
+
+    return leaves, walk(nest)
+
+
+def unflatten(treedef: Any, leaves: list) -> Any:
+    """Inverse of :func:`flatten`."""
+    it = iter(leaves)
+
+    def build(t):
+        if t == LEAF:
+            return next(it)
+        kind = t[0]
+        if kind == "dict":
+            return {k: build(s) for k, s in zip(t[1], t[2])}
+        if kind == "none":
+            return None
+        items = [build(s) for s in t[2]]
+        return items if kind == "list" else tuple(items)
+
+    return build(treedef)
+
+
+def tree_map(fn: Callable, nest: Any, *rest: Any) -> Any:
+    """Apply fn leaf-wise over one or more nests of the same structure."""
+    leaves, treedef = flatten(nest)
+    others = [flatten(r) for r in rest]
+    for other_leaves, other_def in others:
+        if other_def != treedef:
+            from .errors import ReplicateError
+
+            raise ReplicateError(f"nests differ in structure: {treedef} vs {other_def}")
+    return unflatten(treedef, [fn(*xs) for xs in zip(leaves, *[o[0] for o in others])])
