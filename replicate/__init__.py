@@ -1,8 +1,9 @@
 """replicate: write one training step for one replica, run it on many.
 
 >>> import replicate as rp, replicate.numpy as rnp
->>> float(rp.grad(rnp.asarray(2.0) ** 3, rnp.asarray(2.0)))
-0.0
+>>> x = rnp.asarray(2.0)
+>>> float(rp.grad(x ** 3, x))
+12.0
 """
 
 from . import numpy  # noqa: F401  (installs the array operators)
@@ -14,11 +15,19 @@ from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .state import Variable
+from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
+from . import optim
+from .optim import wrap_optimizer
+from .runtime import Replicator
+from .runtime import data
+from .runtime.data import shard_batches
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
-    "num_replicas", "replica_id", "value_and_grad", "__version__",
+    "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
+    "all_reduce", "broadcast", "permute", "reduce_scatter", "optim", "wrap_optimizer", "data",
+    "shard_batches",
 ]

@@ -22,6 +22,9 @@ from .graph.core import Array, concrete, current_trace
 
 _counter = itertools.count()
 
+# Called with each variable on an eager read while a Replicator runs (it syncs values from rank 0).
+eager_read_hook = None
+
 
 class Variable:
     """A named, mutable array (a model parameter, optimiser slot or random-generator key)."""
@@ -42,6 +45,8 @@ class Variable:
         trace = current_trace()
         if trace is not None:
             return trace.read_variable(self)
+        if eager_read_hook is not None:
+            eager_read_hook(self)
         if self._eager is None:
             self._eager = concrete(self.value)
         return self._eager

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import MissingRuleError
 from ..graph.primitives import index_tuple, parse_einsum
+
+
+class RuleTable(dict):
+    """A rule table whose lookup of a missing primitive says which rule is missing."""
+
+    def __init__(self, table: str, rules: dict):
+        super().__init__(rules)
+        self.table = table
+
+    def __missing__(self, name):
+        raise MissingRuleError(f"no {self.table} rule for {name}")
 
 
 def _rsqrt(x):
@@ -69,7 +81,7 @@ def _div(a, b):
     return np.true_divide(a, b) if np.issubdtype(a.dtype, np.floating) else np.floor_divide(a, b)
 
 
-IMPL = {
+IMPL = RuleTable("numpy", {
     "neg": np.negative, "abs": np.abs, "sign": np.sign, "exp": np.exp, "log": np.log,
     "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt, "rsqrt": _rsqrt, "tanh": np.tanh,
     "logistic": _logistic, "sin": np.sin, "cos": np.cos,
@@ -99,6 +111,6 @@ IMPL = {
     "random_bits": _random_bits,
     "random_uniform": _random_uniform,
     "const": lambda value: value,
-}
+})
 
 __all__ = ["IMPL", "parse_einsum"]

@@ -27,6 +27,13 @@ class Trace:
         self._var_current: dict[tuple, Array] = {}  # (replica, id(var)) -> latest value
         self._lifted: dict[int, tuple] = {}
         self.replica = 0
+        self._collective_seq: dict[int, int] = {}
+
+    def next_collective_seq(self) -> int:
+        """The index of the next collective this replica records (matched across replicas)."""
+        n = self._collective_seq.get(self.replica, 0)
+        self._collective_seq[self.replica] = n + 1
+        return n
 
     # -- building --------------------------------------------------------------------------
     def new_input(self, aval: AVal, name: str) -> Array:

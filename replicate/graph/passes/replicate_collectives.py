@@ -1,0 +1,170 @@
+"""The placeholder rewrite: turn each replica's collective placeholders into real communication.
+
+After ``step_fn`` has been traced once per local replica (k subgraphs in one graph), this pass
+
+1. groups the placeholders by sequence number (the n-th collective each replica called),
+2. checks that every replica called it, with the same kind, arguments, shape and dtype — a
+   disagreement raises ``CollectiveMismatchError`` naming the source lines, before anything is
+   communicated,
+3. replaces each group by an in-process combine of the k local values (``local_reduce`` or a
+   stack), one cross-process collective (``mpi_*``, omitted with one process), and the fan-out of
+   the result to the k replicas (the same value for all, or each replica's slice).
+
+Replica r on rank p has global id ``p * k + r``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import numpy as rnp
+from ...errors import CollectiveMismatchError, source_line
+from ..core import Graph, bind
+from ..rebuild import Rebuilder
+
+_IGNORED = ("seq", "replica")
+
+
+def _signature(node):
+    attrs = {k: v for k, v in node.attrs.items() if k not in _IGNORED}
+    return (tuple(sorted(attrs.items())), node.inputs[0].aval)
+
+
+def _describe(node):
+    attrs = {k: v for k, v in node.attrs.items() if k not in _IGNORED + ("num_replicas",)}
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(attrs.items()) if k != "kind")
+    return f"{node.attrs['kind']}({node.inputs[0].aval}{', ' if args else ''}{args})"
+
+
+def _where(node):
+    return source_line(node.where) if node.where else "<unknown line>"
+
+
+def group_placeholders(graph: Graph, k: int) -> dict:
+    """{seq: [node of replica 0, ..., node of replica k-1]}, checked for agreement."""
+    groups: dict = {}
+    for node in graph.nodes:
+        if node.prim == "collective":
+            groups.setdefault(node.attrs["seq"], {})[node.attrs["replica"] % k] = node
+    out = {}
+    for seq in sorted(groups):
+        members = groups[seq]
+        if len(members) != k:
+            missing = sorted(set(range(k)) - set(members))
+            called = "\n".join(f"  replica {r}: {_describe(n)} at {_where(n)}"
+                               for r, n in sorted(members.items()))
+            raise CollectiveMismatchError(
+                f"collective #{seq} was called by only some replicas (not by local replica(s) "
+                f"{missing}):\n{called}\nEvery replica must call the same collectives in the same "
+                "order; make the call unconditional (select its result with rnp.where instead).")
+        nodes = [members[r] for r in range(k)]
+        sigs = [_signature(n) for n in nodes]
+        if len(set(sigs)) != 1:
+            lines = "\n".join(f"  replica {r}: {_describe(n)} at {_where(n)}"
+                              for r, n in enumerate(nodes))
+            raise CollectiveMismatchError(
+                f"replicas disagree about collective #{seq}:\n{lines}\n"
+                "Every replica must call the same collective with the same shapes and dtypes.")
+        out[seq] = nodes
+    return out
+
+
+def _lower_group(nodes, inputs, k, n, rank):
+    """Emit the communication for one placeholder group; return the k per-replica results."""
+    attrs = nodes[0].attrs
+    kind, R = attrs["kind"], attrs["num_replicas"]
+    first = rank * k  # global id of local replica 0
+
+    def all_reduce(op):
+        base = "sum" if op == "mean" else op
+        combined = inputs[0] if k == 1 else bind("local_reduce", *inputs, op=base)
+        if n > 1:
+            combined = bind("mpi_allreduce", combined, op=base, size=n)
+        if op == "mean":
+            combined = combined * np.asarray(1.0 / R, combined.dtype)
+        return combined
+
+    def gather_all():  # (R, ...) in global replica order
+        stacked = rnp.stack(inputs, 0)
+        if n > 1:
+            stacked = rnp.reshape(bind("mpi_allgather", stacked, size=n), (R,) + inputs[0].shape)
+        return stacked
+
+    if kind == "all_reduce":
+        return [all_reduce(attrs["op"])] * k
+    if kind == "broadcast":
+        root_rank, root_local = divmod(attrs["root"], k)
+        value = inputs[root_local]
+        if n > 1:
+            value = bind("mpi_broadcast", value, root=root_rank, size=n)
+        return [value] * k
+    if kind == "all_gather":
+        axis, out = attrs["axis"], rnp.moveaxis(gather_all(), 0, attrs["axis"])
+        if attrs["tiled"]:
+            shape = list(inputs[0].shape)
+            shape[axis] *= R
+            out = rnp.reshape(out, shape)
+        return [out] * k
+    if kind == "reduce_scatter":
+        total, axis = all_reduce(attrs["op"]), attrs["axis"]
+        chunk = inputs[0].shape[axis] // R
+        pre = (slice(None),) * axis
+        return [total[pre + (slice((first + r) * chunk, (first + r + 1) * chunk),)]
+                for r in range(k)]
+    if kind == "permute":
+        everyone = gather_all()
+        return [everyone[(first + r - attrs["shift"]) % R] for r in range(k)]
+    raise AssertionError(kind)
+
+
+def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Graph:
+    """Rewrite the placeholders of a k-replica graph for n processes (this one being ``rank``)."""
+    groups = group_placeholders(graph, k)
+    lowered: dict = {}
+    order = _grouped_order(graph, groups)
+    rb = Rebuilder(graph)
+    with rb:
+        for node in order:
+            if node.prim != "collective":
+                rb.copy(node)
+                continue
+            seq = node.attrs["seq"]
+            if seq not in lowered:
+                members = groups[seq]
+                lowered[seq] = _lower_group(members, [rb.get(m.inputs[0]) for m in members],
+                                            k, n, rank)
+                for m, value in zip(members, lowered[seq]):
+                    rb.subst[m.out.id] = value
+    return rb.finish()
+
+
+def _grouped_order(graph: Graph, groups: dict) -> list:
+    """A topological order in which a placeholder group is emitted once all its members' inputs
+    exist (the replicas' subgraphs are interleaved as needed)."""
+    producer = {node.out.id: node for node in graph.nodes}
+    group_of = {id(n): members for members in groups.values() for n in members}
+
+    def deps(node):
+        members = group_of.get(id(node), [node])
+        return [producer[i.id] for m in members for i in m.inputs if i.id in producer]
+
+    done, order = set(), []
+    for root in graph.nodes:
+        if id(root) in done:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in done:
+                continue
+            if expanded:
+                for member in group_of.get(id(node), [node]):
+                    if id(member) not in done:
+                        done.add(id(member))
+                        order.append(member)
+                continue
+            stack.append((node, True))
+            for dep in reversed(deps(node)):
+                if id(dep) not in done:
+                    stack.append((dep, False))
+    return order

@@ -1,0 +1,79 @@
+"""Sharding an in-memory dataset over replicas.
+
+Every epoch the whole dataset is shuffled with the same seed on every replica; each global batch
+of ``num_replicas * batch_size`` rows is cut into consecutive slices, replica i taking the i-th. So
+R replicas with batch B see exactly the rows one replica with batch R*B would see.
+
+Uneven last batch (``remainder``):
+
+* ``"drop"`` (default): the rows that do not fill a whole global batch are left out of the epoch.
+* ``"pad"``: the last global batch is filled up with repeated rows and every batch gets a trailing
+  float mask (1 for real rows, 0 for padding) to weight the loss with.
+
+Either way every replica yields the same number of batches, so no replica can run out early.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tree
+from ..errors import ReplicateError
+
+
+def shard_batches(data, batch_size: int, ctx=None, *, seed: int = 0, epochs: int | None = 1,
+                  shuffle: bool = True, remainder: str = "drop", start_step: int = 0):
+    """Yield this replica's batches of ``data`` (a nest of arrays with a common first axis).
+
+    ``ctx`` is the replica context given to ``input_fn`` (None: a single replica).
+    ``epochs=None`` repeats forever. ``start_step`` skips that many batches (for resuming).
+
+    >>> import numpy as np
+    >>> from replicate.context import ReplicaContext
+    >>> ctx = ReplicaContext(replica_id=1, num_replicas=2)
+    >>> [b.tolist() for b in shard_batches(np.arange(8), 2, ctx, shuffle=False)]
+    [[2, 3], [6, 7]]
+    """
+    leaves, treedef = tree.flatten(data)
+    if not leaves:
+        raise ReplicateError("shard_batches: no arrays given")
+    leaves = [np.asarray(x) for x in leaves]
+    n = len(leaves[0])
+    if any(len(x) != n for x in leaves):
+        raise ReplicateError("shard_batches: arrays have different lengths: "
+                             f"{[len(x) for x in leaves]}")
+    if remainder not in ("drop", "pad"):
+        raise ReplicateError(f"shard_batches: remainder must be 'drop' or 'pad', got {remainder!r}")
+    if batch_size <= 0:
+        raise ReplicateError(f"shard_batches: batch_size must be positive, got {batch_size}")
+    rid = 0 if ctx is None else ctx.replica_id
+    R = 1 if ctx is None else ctx.num_replicas
+    global_batch = R * batch_size
+    steps = n // global_batch if remainder == "drop" else -(-n // global_batch)
+    if steps == 0:
+        raise ReplicateError(f"shard_batches: {n} rows cannot fill one global batch of "
+                             f"{R} replicas x {batch_size}")
+    epoch, step = 0, 0
+    while epochs is None or epoch < epochs:
+        order = (np.random.default_rng([seed, epoch]).permutation(n) if shuffle
+                 else np.arange(n))
+        mask_all = np.ones(steps * global_batch, np.float32)
+        if steps * global_batch > n:  # pad: repeat rows from the start, masked out
+            extra = steps * global_batch - n
+            order = np.concatenate([order, np.resize(order, extra)])
+            mask_all[n:] = 0.0
+        for s in range(steps):
+            if step >= start_step:
+                lo = s * global_batch + rid * batch_size
+                idx = order[lo:lo + batch_size]
+                batch = tree.unflatten(treedef, [x[idx] for x in leaves])
+                if remainder == "pad":
+                    batch = (batch, mask_all[lo:lo + batch_size])
+                yield batch
+            step += 1
+        epoch += 1
+
+
+def steps_per_epoch(n: int, batch_size: int, num_replicas: int, remainder: str = "drop") -> int:
+    g = batch_size * num_replicas
+    return n // g if remainder == "drop" else -(-n // g)

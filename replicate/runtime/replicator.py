@@ -1,0 +1,205 @@
+"""``Replicator``: run one replica's ``step_fn`` on every replica of every process."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import warnings
+
+import numpy as np
+
+from .. import state, tree
+from ..backends import get_backend
+from ..context import ReplicaContext, replica_scope
+from ..errors import CollectiveMismatchError, ReplicateError
+from ..function import check_mode, to_numpy
+from ..graph.trace import signature
+from .comm import world
+from .replicated_graph import check_schedules, collective_schedule, compile_replicated
+
+OUTPUT_REDUCTIONS = ("mean", "sum", "per_replica")
+
+
+class Replicator:
+    """Run ``step_fn`` on ``replicas_per_rank`` replicas in each of the MPI processes.
+
+    ``input_fn(ctx)`` is called once per replica with its :class:`ReplicaContext` and yields that
+    replica's batches. ``step_fn(batch)`` is one training step of one replica; inside it
+    ``rp.replica_id()``, ``rp.num_replicas()`` and the collectives are available.
+
+    ``run(steps)`` returns one entry per step: ``step_fn``'s output nest with each leaf reduced
+    over all replicas — the mean (``outputs="mean"``, the default), the sum, or stacked in replica
+    order (``outputs="per_replica"``, shape ``(R, ...)``). It is identical on every rank.
+
+    Modes: ``"graph"`` (define-and-run: traced once per input signature, all local replicas in one
+    graph, collectives rewritten into in-process combines plus one MPI call) and ``"eager"``
+    (define-by-run: ops run at once, collectives call MPI at once; one replica per process).
+
+    >>> import numpy as np, replicate as rp
+    >>> w = rp.Variable(np.zeros(2), name="w")
+    >>> def input_fn(ctx):
+    ...     while True:
+    ...         yield np.full(2, ctx.replica_id + 1.0)
+    >>> def step_fn(x):
+    ...     w.assign(w + rp.all_reduce(x, "mean"))
+    ...     return {"x": x.sum()}
+    >>> hist = rp.Replicator(input_fn, step_fn, replicas_per_rank=2).run(steps=3)
+    >>> w.numpy().tolist(), float(hist[-1]["x"])
+    ([4.5, 4.5], 3.0)
+    """
+
+    def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
+                 replicas_per_rank: int = 1, outputs: str = "mean", comm=None):
+        if not callable(input_fn) or not callable(step_fn):
+            raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
+        if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
+            raise ReplicateError(f"replicas_per_rank must be a positive int, got "
+                                 f"{replicas_per_rank!r}")
+        if outputs not in OUTPUT_REDUCTIONS:
+            raise ReplicateError(f"outputs must be one of {OUTPUT_REDUCTIONS}, got {outputs!r}")
+        self.mode = check_mode(mode)
+        if self.mode == "eager" and replicas_per_rank != 1:
+            raise ReplicateError(
+                "eager mode runs one replica per process (ChainerMN-style); use "
+                "replicas_per_rank=1 and more processes (mpiexec -n N), or graph mode for "
+                "several replicas per process")
+        self.backend = get_backend(backend)
+        self.input_fn, self.step_fn = input_fn, step_fn
+        self.k = int(replicas_per_rank)
+        self.outputs = outputs
+        self.comm = comm or world()
+        self.rank, self.num_ranks = self.comm.rank, self.comm.size
+        self.num_replicas = self.k * self.num_ranks
+        self.contexts = [ReplicaContext(self.rank * self.k + r, self.num_replicas, self.rank,
+                                        self.num_ranks, r, self.k) for r in range(self.k)]
+        self.cache: dict = {}
+        self.trace_count = 0
+        self.step = 0
+        self._iterators = None
+        self._synced: set[int] = set()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self, steps: int | None = None) -> list:
+        """Run ``steps`` steps (or until the input runs out); return the reduced outputs."""
+        if steps is not None and steps < 0:
+            raise ReplicateError(f"steps must be >= 0, got {steps}")
+        if self._iterators is None:
+            self._iterators = [iter(self.input_fn(ctx)) for ctx in self.contexts]
+        history = []
+        try:
+            while steps is None or len(history) < steps:
+                batches = self._next_batches()
+                if batches is None:
+                    break
+                history.append(self._run_step(batches))
+                self.step += 1
+        except (CollectiveMismatchError, ReplicateError) as e:
+            if getattr(e, "consistent", False) or self.num_ranks == 1:
+                raise
+            self._abort()
+        except Exception:
+            if self.num_ranks == 1:
+                raise
+            self._abort()
+        return history
+
+    def _abort(self):
+        print(f"[replicate] rank {self.rank} failed at step {self.step}:\n"
+              + traceback.format_exc(), file=sys.stderr, flush=True)
+        self.comm.abort(1)
+
+    def _next_batches(self):
+        batches = []
+        for it in self._iterators:
+            try:
+                batches.append(next(it))
+            except StopIteration:
+                batches.append(None)
+        have = sum(b is not None for b in batches)
+        counts = self.comm.allgather(np.array([have], np.int64)).ravel()
+        if counts.min() == self.k:
+            return batches
+        if counts.max() > 0:
+            warnings.warn(f"input ran out on some replicas at step {self.step} (replicas with "
+                          f"data per rank: {counts.tolist()}); all replicas stop here",
+                          stacklevel=3)
+        return None
+
+    def _run_step(self, batches):
+        if self.mode == "eager":
+            results = [self._eager_step(batches[0])]
+        else:
+            results = self._graph_step(batches)
+        return self._reduce_outputs(results)
+
+    # -- eager ----------------------------------------------------------------------------------
+    def _eager_step(self, batch):
+        from ..numpy import as_array
+
+        previous = state.eager_read_hook
+        state.eager_read_hook = self._sync_variable
+        try:
+            with replica_scope(self.contexts[0]):
+                out = self.step_fn(tree.tree_map(as_array, batch))
+        finally:
+            state.eager_read_hook = previous
+        leaves, treedef = tree.flatten(out)
+        self._out_tree = treedef
+        return [to_numpy(x) for x in leaves]
+
+    def _sync_variable(self, var):
+        if id(var) not in self._synced:
+            self._synced.add(id(var))
+            var.value = self.comm.bcast(var.value, 0)
+            var._eager = None
+
+    # -- graph ----------------------------------------------------------------------------------
+    def _graph_step(self, batches):
+        key = tuple(signature(b) for b in batches)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self.cache[key] = self._compile(batches)
+        graph, run = entry
+        meta = graph.meta
+        for var in meta["variables"]:
+            self._sync_variable(var)
+        feed = [np.asarray(x) for b in batches for x in tree.flatten(b)[0]]
+        outs = run(feed + [v.value for v in meta["variables"]])
+        n = meta["num_results"]
+        for var, value in zip(meta["updated"], outs[n * self.k:]):
+            var.value = value
+            var._eager = None
+        self._out_tree = meta["out_tree"]
+        return [outs[r * n:(r + 1) * n] for r in range(self.k)]
+
+    def _compile(self, batches):
+        self.trace_count += 1
+        graph, error = None, None
+        try:
+            graph = compile_replicated(self.step_fn, batches, self.contexts, self.num_ranks,
+                                       self.rank)
+        except ReplicateError as e:
+            error = e
+        check_schedules(self.comm, collective_schedule(graph) if graph else [], error)
+        return graph, self.backend.compile(graph)
+
+    def compiled_graph(self):
+        """The most recently compiled step graph (for inspection and printing)."""
+        if not self.cache:
+            raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
+        return list(self.cache.values())[-1][0]
+
+    # -- outputs --------------------------------------------------------------------------------
+    def _reduce_outputs(self, results):
+        """results: per local replica, a list of leaves -> one nest reduced over all replicas."""
+        reduced = []
+        for j in range(len(results[0])):
+            local = np.stack([np.asarray(r[j]) for r in results])  # (k, ...)
+            everyone = self.comm.allgather(local).reshape((self.num_replicas,) + local.shape[1:])
+            if self.outputs == "per_replica":
+                reduced.append(everyone)
+            elif self.outputs == "sum":
+                reduced.append(everyone.sum(0))
+            else:
+                reduced.append(everyone.mean(0))
+        return tree.unflatten(self._out_tree, reduced)

@@ -1,0 +1,8 @@
+"""Test configuration: make the package importable from a plain checkout (no install needed)."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)

@@ -1,0 +1,148 @@
+"""Every declared primitive has every rule-table entry it needs (and no table has stale entries).
+
+The check is a plain function, ``missing_rules()``, so the test can also prove that it notices a
+primitive declared without its rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import replicate as rp
+import replicate.numpy as rnp
+from replicate.backends.numpy_impl import IMPL
+from replicate.errors import MissingRuleError
+from replicate.graph import primitives
+from replicate.graph.primitives import REGISTRY
+from replicate.graph.vjp_rules import VJP
+
+
+def missing_rules() -> list[str]:
+    """One message per missing entry: 'no <table> rule for <op>'."""
+    problems = []
+    for name, prim in sorted(REGISTRY.items()):
+        if name not in IMPL:
+            problems.append(f"no numpy rule for {name}")
+        if prim.differentiable and name not in VJP:
+            problems.append(f"no vjp rule for {name}")
+    return problems
+
+
+def stale_rules() -> list[str]:
+    """Entries in a table for a primitive nobody declares (a typo, or a removed primitive)."""
+    tables = {"numpy": IMPL, "vjp": VJP}
+    return [f"{table} rule for undeclared primitive {name}"
+            for table, rules in tables.items() for name in sorted(rules) if name not in REGISTRY]
+
+
+def test_every_primitive_has_its_rules():
+    assert missing_rules() == []
+
+
+def test_no_rule_without_a_primitive():
+    assert stale_rules() == []
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_primitive_entries(name):
+    prim = REGISTRY[name]
+    assert prim.name == name
+    assert prim.kind in {primitives.ELEMENTWISE, primitives.REDUCTION, primitives.STRUCTURAL,
+                         primitives.CONTRACTION, primitives.RANDOM, primitives.SOURCE,
+                         primitives.COLLECTIVE}
+    assert callable(prim.shape_rule)
+    assert callable(IMPL.get(name)), f"no numpy rule for {name}"
+    if prim.differentiable:
+        assert callable(VJP.get(name)), f"no vjp rule for {name}"
+
+
+def test_registry_is_not_trivially_small():
+    # guards against the table test passing vacuously (e.g. an import that empties REGISTRY)
+    for name in ("add", "mul", "exp", "reduce_sum", "matmul", "einsum", "getitem", "select"):
+        assert name in REGISTRY
+
+
+# -- the check detects what it is meant to detect ---------------------------------------------
+@pytest.fixture
+def fake_primitive(monkeypatch):
+    """Declare a differentiable elementwise primitive 'fake_unary' with no rules at all."""
+    monkeypatch.setitem(REGISTRY, "fake_unary",
+                        primitives.Primitive("fake_unary", primitives.ELEMENTWISE,
+                                             lambda a, **_: a, True))
+    return "fake_unary"
+
+
+def test_check_detects_missing_impl_and_vjp(fake_primitive):
+    assert missing_rules() == ["no numpy rule for fake_unary", "no vjp rule for fake_unary"]
+
+
+def test_check_detects_missing_vjp_only(fake_primitive, monkeypatch):
+    monkeypatch.setitem(IMPL, fake_primitive, lambda x: x * 2)
+    assert missing_rules() == ["no vjp rule for fake_unary"]
+    monkeypatch.setitem(VJP, fake_primitive, lambda g, out, needs, x: (g * 2,))
+    assert missing_rules() == []
+
+
+def test_check_skips_vjp_for_non_differentiable(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "fake_flag",
+                        primitives.Primitive("fake_flag", primitives.ELEMENTWISE,
+                                             lambda a, **_: a, differentiable=False))
+    assert missing_rules() == ["no numpy rule for fake_flag"]
+    monkeypatch.setitem(IMPL, "fake_flag", lambda x: x)
+    assert missing_rules() == []
+
+
+def test_check_detects_stale_entry(monkeypatch):
+    monkeypatch.setitem(VJP, "fake_stale", lambda g, out, needs, x: (g,))
+    assert stale_rules() == ["vjp rule for undeclared primitive fake_stale"]
+
+
+def test_declare_adds_to_registry(monkeypatch):
+    monkeypatch.setattr(primitives, "REGISTRY", dict(REGISTRY))
+    primitives.declare("fake_declared", primitives.ELEMENTWISE, lambda a, **_: a)
+    assert "fake_declared" in primitives.REGISTRY
+    assert "fake_declared" not in REGISTRY  # the module-level table is untouched
+
+
+# -- a missing rule fails at use with "no <table> rule for <op>" -------------------------------
+def _fake(x):
+    from replicate.graph.core import bind
+
+    return bind("fake_unary", rnp.asarray(x))
+
+
+def test_missing_impl_fails_clearly_in_eager_mode(fake_primitive):
+    with pytest.raises(MissingRuleError, match="no numpy rule for fake_unary"):
+        _fake(np.ones(3))
+
+
+def test_missing_impl_fails_clearly_in_graph_mode(fake_primitive):
+    with pytest.raises(MissingRuleError, match="no numpy rule for fake_unary"):
+        rp.function(_fake)(np.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_missing_vjp_fails_clearly(fake_primitive, monkeypatch, mode):
+    monkeypatch.setitem(IMPL, fake_primitive, lambda x: x * 2)
+
+    def f(x):
+        return rp.grad(_fake(x).sum(), x)
+
+    with pytest.raises(MissingRuleError, match="no vjp rule for fake_unary"):
+        rp.function(f, mode=mode)(np.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_removed_vjp_of_real_primitive_fails_clearly(monkeypatch, mode):
+    monkeypatch.delitem(VJP, "tanh")
+    assert missing_rules() == ["no vjp rule for tanh"]
+    with pytest.raises(MissingRuleError, match="no vjp rule for tanh"):
+        rp.function(lambda x: rp.grad(rnp.tanh(x).sum(), x), mode=mode)(np.ones(3))
+
+
+def test_unknown_primitive_fails_clearly():
+    from replicate.graph.core import bind
+
+    with pytest.raises(MissingRuleError, match="no primitive named 'not_a_primitive'"):
+        bind("not_a_primitive", rnp.asarray(1.0))
