@@ -16,7 +16,7 @@ from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .state import Variable
 from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
-from . import optim
+from . import nn, optim
 from .optim import wrap_optimizer
 from .runtime import Replicator
 from .runtime import data
@@ -28,6 +28,6 @@ __all__ = [
     "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
-    "all_reduce", "broadcast", "permute", "reduce_scatter", "optim", "wrap_optimizer", "data",
+    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer", "data",
     "shard_batches",
 ]

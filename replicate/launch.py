@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     if opts.nprocs < 1:
         parser.error("-n must be at least 1")
     cmd = command(opts.nprocs, opts.script, opts.args)
+    threads = str(max(1, (os.cpu_count() or 1) // opts.nprocs))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, threads)  # one BLAS thread per core share, no oversubscription
     os.execv(cmd[0], cmd)
     return 0  # not reached
 

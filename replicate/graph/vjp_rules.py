@@ -41,8 +41,16 @@ def _reduce_extremum(g, out, needs, x, axes):
 
 
 def _reduce_prod(g, out, needs, x, axes):
+    # d out / d x_i is the product of the other entries: out / x_i when no entry is 0; where one
+    # entry is 0 it gets the product of the rest and the others get 0; with two zeros all get 0.
+    # (First derivatives are exact everywhere; second derivatives only away from zeros.)
     keep = _keepdims_shape(x, axes)
-    return (rnp.reshape(g * out, keep) / x,)  # note: undefined where x == 0
+    zero = rnp.equal(x, 0)
+    nonzero = rnp.where(zero, rnp.ones_like(x), x)
+    rest = rnp.prod(nonzero, axis=axes, keepdims=True)
+    zeros = rnp.sum(zero, axis=axes, keepdims=True)
+    others = rnp.where(zeros == 0, rest / nonzero, rnp.where(zero & (zeros == 1), rest, 0.0))
+    return (rnp.reshape(g, keep) * others,)
 
 
 def _binary(fa, fb):

@@ -30,16 +30,29 @@ def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - mirrors numpy
     >>> rnp.sum(rnp.asarray([[1.0, 2.0], [3.0, 4.0]]), axis=0).tolist()
     [4.0, 6.0]
     """
+    return _reduce("reduce_sum", _accumulator(x, dtype), axis, keepdims)
+
+
+def _accumulator(x, dtype):
+    """What NumPy sums and multiplies in: ``dtype``, or 64-bit for bools and small integers."""
     x = as_array(x)
     if dtype is not None:
-        x = cast(x, dtype)
-    elif x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.integer) and x.dtype.itemsize < 8):
-        x = cast(x, np.int64)
-    return _reduce("reduce_sum", x, axis, keepdims)
+        return cast(x, dtype)
+    if x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.signedinteger) and x.dtype.itemsize < 8):
+        return cast(x, np.int64)
+    if np.issubdtype(x.dtype, np.unsignedinteger) and x.dtype.itemsize < 8:
+        return cast(x, np.uint64)
+    return x
 
 
-def prod(x, axis=None, keepdims=False):
-    return _reduce("reduce_prod", x, axis, keepdims)
+def prod(x, axis=None, keepdims=False, dtype=None):
+    """Product over ``axis``; bools and small ints multiply as 64-bit integers (as in NumPy).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.prod(rnp.asarray([[1, 2], [3, 4]], dtype="int32"), axis=1).tolist()
+    [2, 12]
+    """
+    return _reduce("reduce_prod", _accumulator(x, dtype), axis, keepdims)
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001

@@ -96,4 +96,23 @@ def world():
                                   "pip install 'replicate[mpi]'") from e
             if comm.size > 1:
                 _world = comm
+                limit_blas_threads()
     return _world
+
+
+def limit_blas_threads():
+    """Give each process on a machine its share of the cores for BLAS (unless the user chose).
+
+    Several processes each running a BLAS with one thread per core oversubscribe the machine and
+    can run tens of times slower; ``replicate.launch`` sets the environment, and this catches a
+    plain ``mpiexec`` start where NumPy was already imported.
+    """
+    if any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")):
+        return
+    local = int(os.environ.get("MPI_LOCALNRANKS", "0")) or _world.size
+    threads = max(1, (os.cpu_count() or 1) // local)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=threads, user_api="blas")

@@ -1,0 +1,13 @@
+"""``replicate.nn``: modules with named parameters, layers, activations and losses."""
+
+from . import init
+from .functional import (gelu, huber, leaky_relu, log_softmax, mse, relu, sigmoid,
+                         sigmoid_binary_cross_entropy, softmax, softmax_cross_entropy, tanh)
+from .layers import BatchNorm, Conv2d, Dropout, Embedding, Flatten, LayerNorm, Linear
+from .module import Module, Sequential
+
+__all__ = [
+    "BatchNorm", "Conv2d", "Dropout", "Embedding", "Flatten", "LayerNorm", "Linear", "Module",
+    "Sequential", "gelu", "huber", "init", "leaky_relu", "log_softmax", "mse", "relu",
+    "sigmoid", "sigmoid_binary_cross_entropy", "softmax", "softmax_cross_entropy", "tanh",
+]

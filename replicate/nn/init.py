@@ -1,0 +1,53 @@
+"""Standard initialisers. Each takes a shape and a NumPy ``Generator`` and returns an ndarray."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_default = np.random.default_rng(0)
+
+
+def default_rng(seed: int | None = None):
+    """The generator layers use when none is given; ``default_rng(seed)`` reseeds it."""
+    global _default
+    if seed is not None:
+        _default = np.random.default_rng(seed)
+    return _default
+
+
+def _fans(shape):
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    if len(shape) == 2:  # (in, out) as Linear stores it
+        return shape[0], shape[1]
+    return shape[1] * receptive, shape[0] * receptive  # (out, in, kh, kw)
+
+
+def glorot_uniform(shape, rng=None, dtype=np.float32):
+    fan_in, fan_out = _fans(shape)
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return (rng or _default).uniform(-limit, limit, shape).astype(dtype)
+
+
+def he_normal(shape, rng=None, dtype=np.float32):
+    fan_in, _ = _fans(shape)
+    return ((rng or _default).normal(size=shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
+
+
+def lecun_uniform(shape, rng=None, dtype=np.float32):
+    fan_in, _ = _fans(shape)
+    limit = np.sqrt(3.0 / fan_in)
+    return (rng or _default).uniform(-limit, limit, shape).astype(dtype)
+
+
+def normal(shape, std=0.01, rng=None, dtype=np.float32):
+    return ((rng or _default).normal(size=shape) * std).astype(dtype)
+
+
+def zeros(shape, rng=None, dtype=np.float32):
+    return np.zeros(shape, dtype)
+
+
+def ones(shape, rng=None, dtype=np.float32):
+    return np.ones(shape, dtype)

@@ -1,0 +1,150 @@
+"""Layers: Linear, Conv2d, Embedding, LayerNorm, BatchNorm (optionally cross-replica), Dropout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import numpy as rnp
+from ..collectives import all_reduce
+from ..context import num_replicas
+from ..errors import ReplicateError
+from ..state import Variable
+from . import init
+from .module import Module
+
+
+class Linear(Module):
+    """``y = x @ weight + bias`` with ``weight`` of shape (in, out).
+
+    >>> import numpy as np, replicate as rp
+    >>> rp.nn.Linear(3, 2)(np.ones((4, 3), np.float32)).shape
+    (4, 2)
+    """
+
+    def __init__(self, in_features, out_features, bias=True, *, init_fn=init.glorot_uniform,
+                 rng=None, dtype=np.float32):
+        super().__init__()
+        self.weight = Variable(init_fn((in_features, out_features), rng=rng, dtype=dtype))
+        self.bias = Variable(np.zeros(out_features, dtype)) if bias else None
+
+    def forward(self, x):
+        y = rnp.matmul(x, self.weight)
+        return y + self.bias if self.bias is not None else y
+
+
+class Conv2d(Module):
+    """2-D convolution on NCHW inputs with OIHW weights."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 bias=True, *, init_fn=init.he_normal, rng=None, dtype=np.float32):
+        super().__init__()
+        kh, kw = (kernel_size, kernel_size) if np.isscalar(kernel_size) else kernel_size
+        self.weight = Variable(init_fn((out_channels, in_channels, kh, kw), rng=rng, dtype=dtype))
+        self.bias = Variable(np.zeros(out_channels, dtype)) if bias else None
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+
+    def forward(self, x):
+        y = rnp.conv2d(x, self.weight, self.stride, self.padding, self.dilation)
+        if self.bias is not None:
+            y = y + rnp.reshape(self.bias.read(), (1, -1, 1, 1))
+        return y
+
+
+class Embedding(Module):
+    """Look up rows of a (num_embeddings, dim) table by integer ids."""
+
+    def __init__(self, num_embeddings, dim, *, rng=None, dtype=np.float32):
+        super().__init__()
+        self.weight = Variable(init.normal((num_embeddings, dim), std=1.0, rng=rng, dtype=dtype))
+
+    def forward(self, ids):
+        return rnp.take(self.weight.read(), ids, axis=0)
+
+
+class LayerNorm(Module):
+    """Normalise over the last axis, then scale and shift."""
+
+    def __init__(self, dim, eps=1e-5, dtype=np.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = Variable(np.ones(dim, dtype))
+        self.bias = Variable(np.zeros(dim, dtype))
+
+    def forward(self, x):
+        mean = rnp.mean(x, axis=-1, keepdims=True)
+        var = rnp.var(x, axis=-1, keepdims=True)
+        return (x - mean) * rnp.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+class BatchNorm(Module):
+    """Batch normalisation over the batch (and spatial) axes; channels on axis 1.
+
+    With ``cross_replica=True`` the batch statistics are all-reduced over all replicas in the
+    middle of the step, so R replicas with batch B normalise exactly as one replica with batch
+    R*B (equal per-replica batch sizes assumed). Otherwise each replica normalises with its own
+    batch; the running averages are still averaged over replicas so that all replicas keep the
+    same state.
+    """
+
+    def __init__(self, num_features, momentum=0.1, eps=1e-5, cross_replica=False,
+                 dtype=np.float32):
+        super().__init__()
+        self.momentum, self.eps, self.cross_replica = momentum, eps, cross_replica
+        self.weight = Variable(np.ones(num_features, dtype))
+        self.bias = Variable(np.zeros(num_features, dtype))
+        self.register_buffer("running_mean", Variable(np.zeros(num_features, dtype)))
+        self.register_buffer("running_var", Variable(np.ones(num_features, dtype)))
+
+    def forward(self, x):
+        x = rnp.as_array(x)
+        if x.ndim < 2 or x.shape[1] != self.weight.shape[0]:
+            raise ReplicateError(f"BatchNorm({self.weight.shape[0]}) got input {x.shape}")
+        axes = (0,) + tuple(range(2, x.ndim))
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        if self.training:
+            mean = rnp.mean(x, axis=axes)
+            mean_sq = rnp.mean(x * x, axis=axes)
+            if self.cross_replica:
+                mean, mean_sq = all_reduce((mean, mean_sq), "mean")
+            var = rnp.maximum(mean_sq - mean * mean, 0.0)
+            run_mean, run_var = mean, var
+            if not self.cross_replica and num_replicas() > 1:
+                run_mean, run_var = all_reduce((mean, var), "mean")
+            m = self.momentum
+            self.running_mean.assign((1 - m) * self.running_mean.read()
+                                     + m * rnp.stop_gradient(run_mean))
+            self.running_var.assign((1 - m) * self.running_var.read()
+                                    + m * rnp.stop_gradient(run_var))
+        else:
+            mean, var = self.running_mean.read(), self.running_var.read()
+        inv = rnp.rsqrt(var + self.eps) * self.weight
+        return (x - rnp.reshape(mean, shape)) * rnp.reshape(inv, shape) \
+            + rnp.reshape(self.bias.read(), shape)
+
+
+class Dropout(Module):
+    """Zero each element with probability ``rate`` in training (keyed randomness: different on
+    every replica and every step, reproducible from ``seed``)."""
+
+    def __init__(self, rate=0.5, seed=0):
+        super().__init__()
+        if not 0 <= rate < 1:
+            raise ReplicateError(f"Dropout rate must be in [0, 1), got {rate}")
+        self.rate = rate
+        self.rng = rnp.random.Generator(seed, name="dropout.rng")
+        self.register_buffer("rng_state", self.rng.state)
+
+    def forward(self, x):
+        x = rnp.as_array(x)
+        if not self.training or self.rate == 0:
+            return x
+        keep = self.rng.bernoulli(1.0 - self.rate, x.shape)
+        return rnp.where(keep, x / (1.0 - self.rate), 0.0)
+
+
+class Flatten(Module):
+    """Flatten all but the batch axis."""
+
+    def forward(self, x):
+        x = rnp.as_array(x)
+        return rnp.reshape(x, (x.shape[0], -1))

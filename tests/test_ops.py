@@ -1,0 +1,858 @@
+"""One harness for every public op of ``replicate.numpy`` (in the spirit of ``chainer.testing``).
+
+Each op is described by ``Case``s: the op on replicate arrays, a plain-NumPy reference, and the
+inputs (shape, dtype, value domain). The harness checks, for every case,
+
+* forward: the result equals the NumPy reference (values, shape and dtype) in graph mode
+  (``rp.function(f)``), in eager mode (``rp.function(f, mode="eager")``) and by direct calls;
+* gradient: for float64 cases, ``rp.grad`` of ``sum(out * cotangent)`` w.r.t. every float input
+  equals central finite differences of the NumPy reference, in graph and in eager mode;
+* gradient of a gradient for a selection of cases, against finite differences of the gradient.
+
+Random numbers, ``stop_gradient`` and ``cast`` gradients have their own tests at the end, and
+``test_every_public_op_is_covered`` fails when an op is added to ``replicate.numpy`` without a case.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import replicate as rp
+import replicate.numpy as rnp
+
+F32, F64, I32, I64, BOOL = "float32", "float64", "int32", "int64", "bool"
+DTYPES = (F32, F64, I32, I64, BOOL)
+
+
+# -- case description -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class In:
+    """One input: shape, dtype, and the domain its values are drawn from."""
+
+    shape: tuple
+    dtype: str = F64
+    domain: str = "real"  # real | positive | away0 | unit | int | posint | special | index<N>
+
+    def sample(self, rng) -> np.ndarray:
+        shape, kind = self.shape, np.dtype(self.dtype).kind
+        if kind == "b":
+            return rng.random(shape) < 0.5
+        if self.domain.startswith("index"):  # valid indices for an axis of this size, negatives too
+            n = int(self.domain[5:])
+            return rng.integers(-n, n, shape).astype(self.dtype)
+        if self.domain.startswith("class"):  # class labels 0 .. n-1
+            return rng.integers(0, int(self.domain[5:]), shape).astype(self.dtype)
+        if kind in "iu":
+            lo, hi = {"positive": (1, 4), "posint": (1, 4), "away0": (1, 4)}.get(self.domain,
+                                                                                   (-3, 4))
+            v = rng.integers(lo, hi, shape)
+            if self.domain == "away0":
+                v = v * rng.choice([-1, 1], shape)
+            return np.asarray(v, self.dtype)
+        if self.domain == "positive":
+            v = rng.uniform(0.5, 2.0, shape)
+        elif self.domain == "away0":
+            v = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+        elif self.domain == "unit":
+            v = rng.uniform(-0.9, 0.9, shape)
+        elif self.domain == "int":  # small integral values (ties for comparisons)
+            v = rng.integers(-2, 3, shape).astype(float)
+        elif self.domain == "special":
+            v = rng.choice([0.0, 1.5, -2.0, np.inf, -np.inf, np.nan], shape)
+        else:
+            v = rng.standard_normal(shape)
+        return np.asarray(v, self.dtype)
+
+
+@dataclass
+class Case:
+    op: str  # the public name(s) this case covers, "+"-separated
+    fn: Callable  # on replicate arrays
+    ref: Callable  # on NumPy arrays
+    inputs: tuple
+    label: str = ""
+    grad: bool = True
+    rtol: float | None = None
+    fd_eps: float = 1e-6
+    grad_rtol: float = 1e-5
+    grad_atol: float = 1e-6
+    tags: set = field(default_factory=set)
+
+    @property
+    def id(self) -> str:
+        shapes = ",".join(f"{np.dtype(i.dtype).name}{list(i.shape)}" for i in self.inputs)
+        return f"{self.op}[{self.label}]({shapes})" if self.label else f"{self.op}({shapes})"
+
+    def sample(self) -> list:
+        rng = np.random.default_rng(zlib.crc32(self.id.encode()))
+        return [i.sample(rng) for i in self.inputs]
+
+    @property
+    def float64_only(self) -> bool:
+        floats = [i.dtype for i in self.inputs if np.dtype(i.dtype).kind == "f"]
+        return bool(floats) and all(d == F64 for d in floats)
+
+
+CASES: list[Case] = []
+_IDS: set = set()
+
+
+def case(op, fn, ref, *inputs, **kw) -> Case:
+    c = Case(op, fn, ref, tuple(i if isinstance(i, In) else In(i) for i in inputs), **kw)
+    base, k = c.label, 1
+    while c.id in _IDS:  # same op and inputs, different arguments: number the variants
+        k += 1
+        c.label = f"{base}#{k}" if base else f"#{k}"
+    _IDS.add(c.id)
+    CASES.append(c)
+    return c
+
+
+# -- running a case -----------------------------------------------------------------------------
+def leaves(out) -> list:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def to_numpy(x) -> np.ndarray:
+    return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+
+
+def run_forward(fn, args, mode):
+    if mode == "direct":
+        return [to_numpy(o) for o in leaves(fn(*[rnp.asarray(a) for a in args]))]
+    return [to_numpy(o) for o in leaves(rp.function(fn, mode=mode)(*args))]
+
+
+def tolerance(dtype, rtol=None):
+    if np.dtype(dtype).kind != "f":
+        return 0.0, 0.0
+    if np.dtype(dtype) == np.float32:
+        return rtol or 1e-5, 1e-6
+    return rtol or 1e-10, 1e-12
+
+
+def assert_same(actual, expected, rtol=None, what=""):
+    assert len(actual) == len(expected), what
+    for a, e in zip(actual, expected):
+        e = np.asarray(e)
+        assert a.shape == e.shape, f"{what}: shape {a.shape} != NumPy's {e.shape}"
+        assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != NumPy's {e.dtype}"
+        r, t = tolerance(e.dtype, rtol)
+        np.testing.assert_allclose(a, e, rtol=r, atol=t, err_msg=what)
+
+
+def float_inputs(xs) -> list[int]:
+    return [i for i, x in enumerate(xs) if x.dtype.kind == "f"]
+
+
+def reference_loss(ref, xs, cots) -> float:
+    return builtins.sum(float(np.sum(np.asarray(o, np.float64) * c))
+                        for o, c in zip(leaves(ref(*xs)), cots))
+
+
+def finite_differences(loss, xs, wrt, eps) -> list[np.ndarray]:
+    """Central differences of the scalar ``loss(xs)`` w.r.t. each ``xs[i]`` for i in ``wrt``."""
+    grads = []
+    for i in wrt:
+        g = np.zeros(xs[i].shape)
+        for k in np.ndindex(xs[i].shape):
+            plus = [x.copy() for x in xs]
+            minus = [x.copy() for x in xs]
+            plus[i][k] += eps
+            minus[i][k] -= eps
+            g[k] = (loss(plus) - loss(minus)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def cotangents(c: Case, xs) -> list[np.ndarray]:
+    rng = np.random.default_rng(zlib.crc32(("cot" + c.id).encode()))
+    return [rng.standard_normal(np.shape(o)) for o in leaves(c.ref(*xs))]
+
+
+def loss_of(c: Case, cots):
+    def loss(*args):
+        return builtins.sum(rnp.sum(o * ct) for o, ct in zip(leaves(c.fn(*args)), cots))
+
+    return loss
+
+
+def library_grad(c: Case, xs, cots, mode) -> list[np.ndarray]:
+    wrt = float_inputs(xs)
+    loss = loss_of(c, cots)
+
+    def f(*args):
+        return rp.grad(loss(*args), [args[i] for i in wrt])
+
+    return [to_numpy(g) for g in rp.function(f, mode=mode)(*xs)]
+
+
+# ================================================================================================
+# The cases.
+# ================================================================================================
+def sigmoid_ref(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+UNARY = {  # name: (rnp op, NumPy reference, domain)
+    "exp": (rnp.exp, np.exp, "real"),
+    "log": (rnp.log, np.log, "positive"),
+    "log1p": (rnp.log1p, np.log1p, "positive"),
+    "expm1": (rnp.expm1, np.expm1, "real"),
+    "sqrt": (rnp.sqrt, np.sqrt, "positive"),
+    "rsqrt": (rnp.rsqrt, lambda x: 1.0 / np.sqrt(x), "positive"),
+    "tanh": (rnp.tanh, np.tanh, "real"),
+    "sigmoid": (rnp.sigmoid, sigmoid_ref, "real"),
+    "softplus": (rnp.softplus, lambda x: np.logaddexp(0.0, x), "real"),
+    "sin": (rnp.sin, np.sin, "real"),
+    "cos": (rnp.cos, np.cos, "real"),
+    "reciprocal": (rnp.reciprocal, lambda x: 1.0 / x, "away0"),
+    # these keep integer dtypes
+    "abs": (rnp.abs, np.abs, "away0"),
+    "sign": (rnp.sign, np.sign, "away0"),
+    "negative": (rnp.negative, np.negative, "real"),
+    "square": (rnp.square, np.square, "real"),
+}
+KEEPS_INT = {"abs", "sign", "negative", "square"}
+UNARY_SHAPES = [(), (1,), (4,), (2, 3), (2, 1, 3)]
+
+for name, (op, ref, domain) in UNARY.items():
+    for shape in UNARY_SHAPES:
+        case(name, op, ref, In(shape, F64, domain))
+    for dtype in (F32, I32, I64):
+        if dtype.startswith("int") and name == "reciprocal":
+            continue  # NumPy's reciprocal of an int is integer division; rnp's is float (by design)
+        case(name, op, ref, In((2, 3), dtype, domain))
+case("abs+sign", lambda x: rnp.abs(x) + rnp.sign(x), lambda x: np.abs(x) + np.sign(x),
+     In((5,), F64, "int"), grad=False, label="zeros")
+case("isfinite", rnp.isfinite, np.isfinite, In((3, 4), F64, "special"))
+case("isfinite", rnp.isfinite, np.isfinite, In((6,), F32, "special"))
+case("isfinite", rnp.isfinite, np.isfinite, In((), F64, "special"))
+case("sigmoid+softplus", lambda x: rnp.sigmoid(x * 40.0) + rnp.softplus(x * 40.0),
+     lambda x: sigmoid_ref(x * 40.0) + np.logaddexp(0.0, x * 40.0), In((6,), F64), label="large",
+     grad_rtol=1e-4)
+
+# -- binary elementwise, broadcasting ----------------------------------------------------------
+BINARY = {
+    "add": (rnp.add, np.add, "real", "real"),
+    "subtract": (rnp.subtract, np.subtract, "real", "real"),
+    "multiply": (rnp.multiply, np.multiply, "real", "real"),
+    "divide": (rnp.divide, np.divide, "real", "away0"),
+    "true_divide": (rnp.true_divide, np.true_divide, "real", "away0"),
+    "power": (rnp.power, np.power, "positive", "real"),
+    "maximum": (rnp.maximum, np.maximum, "real", "real"),
+    "minimum": (rnp.minimum, np.minimum, "real", "real"),
+}
+BINARY_SHAPES = [((), ()), ((3,), ()), ((), (3,)), ((2, 3), (3,)), ((2, 1), (1, 3)),
+                 ((2, 3), (2, 3)), ((1,), (2, 3)), ((4, 1, 3), (2, 1)), ((2, 3), (1, 1))]
+for name, (op, ref, da, db) in BINARY.items():
+    for sa, sb in BINARY_SHAPES:
+        case(name, op, ref, In(sa, F64, da), In(sb, F64, db))
+for label, op, ref in [("+", lambda a, b: a + b, np.add), ("-", lambda a, b: a - b, np.subtract),
+                       ("*", lambda a, b: a * b, np.multiply), ("/", lambda a, b: a / b, np.divide),
+                       ("**", lambda a, b: a ** b, np.power)]:
+    da, db = ("positive", "real") if label == "**" else ("real", "away0")
+    case({"+": "add", "-": "subtract", "*": "multiply", "/": "divide", "**": "power"}[label],
+         op, ref, In((2, 3), F64, da), In((3,), F64, db), label=f"operator{label}")
+case("power", rnp.power, np.power, In((2, 3), I32, "posint"), In((3,), I32, "posint"),
+     label="int")
+case("power", lambda x: x ** 3, lambda x: x ** 3, In((2, 3), F64), label="cube")
+case("power", lambda x: x ** 2, lambda x: x ** 2, In((4,), I64), label="int-square")
+case("power", lambda x: 2.0 ** x, lambda x: 2.0 ** x, In((2, 3), F64), label="rpow")
+case("floor_divide", rnp.floor_divide, np.floor_divide, In((2, 3), I64, "int"),
+     In((3,), I64, "away0"))
+case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), I32, "int"),
+     In((2, 3), I32, "away0"), label="operator")
+
+COMPARISONS = {"equal": (rnp.equal, np.equal, "=="), "not_equal": (rnp.not_equal, np.not_equal, "!="),
+               "less": (rnp.less, np.less, "<"), "less_equal": (rnp.less_equal, np.less_equal, "<="),
+               "greater": (rnp.greater, np.greater, ">"),
+               "greater_equal": (rnp.greater_equal, np.greater_equal, ">=")}
+for name, (op, ref, sym) in COMPARISONS.items():
+    for sa, sb in [((), ()), ((2, 3), (3,)), ((4, 1), (1, 3)), ((3,), ())]:
+        case(name, op, ref, In(sa, F64, "int"), In(sb, F64, "int"))
+    operator = eval(f"lambda a, b: a {sym} b")  # noqa: S307 - a fixed operator symbol
+    case(name, operator, operator, In((2, 3), I32), In((3,), I32), label=f"operator{sym}")
+
+for name, op, ref in [("logical_and", rnp.logical_and, np.logical_and),
+                      ("logical_or", rnp.logical_or, np.logical_or)]:
+    case(name, op, ref, In((2, 3), BOOL), In((3,), BOOL))
+    case(name, op, ref, In((), BOOL), In((2,), BOOL))
+case("logical_not", rnp.logical_not, np.logical_not, In((2, 3), BOOL))
+case("logical_and+logical_or+logical_not", lambda a, b: (a & b) | ~a,
+     lambda a, b: (a & b) | ~a, In((4,), BOOL), In((4,), BOOL), label="operators")
+
+# -- dtype promotion (NumPy 2 rules; Python scalars are weak) -----------------------------------
+PROMOTING = {"add": (rnp.add, np.add), "multiply": (rnp.multiply, np.multiply),
+             "subtract": (rnp.subtract, np.subtract), "divide": (rnp.divide, np.divide),
+             "maximum": (rnp.maximum, np.maximum), "minimum": (rnp.minimum, np.minimum),
+             "less": (rnp.less, np.less), "equal": (rnp.equal, np.equal)}
+for name, (op, ref) in PROMOTING.items():
+    for da, db in itertools.product(DTYPES, DTYPES):
+        if name == "subtract" and da == db == BOOL:
+            continue  # NumPy refuses bool - bool
+        case(name, op, ref, In((2, 3), da, "posint"), In((3,), db, "posint"), grad=False,
+             label="promote")
+
+SCALAR_EXPRS = ["x + 1", "x + 1.5", "2 * x", "x * 2.5", "x / 2", "1 / x", "x - 3", "3.0 - x",
+                "x ** 2", "x > 1", "x == 2", "x >= 1.5", "x + True", "rnp_max(x, 2)",
+                "rnp_min(x, 0.5)", "rnp.where(x > 1, x, 0)", "rnp.where(x > 1, x, 0.5)"]
+for expr in SCALAR_EXPRS:
+    for dtype in DTYPES:
+        if dtype == BOOL and any(s in expr for s in ("- x", "x -", "**")):
+            continue  # NumPy refuses bool subtraction; bool ** int is int8 in NumPy
+        fn = eval(f"lambda x: {expr}", {"rnp": rnp, "rnp_max": rnp.maximum,  # noqa: S307
+                                        "rnp_min": rnp.minimum})
+        ref = eval(f"lambda x: {expr}", {"rnp": np, "rnp_max": np.maximum,  # noqa: S307
+                                         "rnp_min": np.minimum})
+        for shape in [(2, 3), ()]:
+            case("add+multiply+divide+subtract+power+where", fn, ref, In(shape, dtype, "posint"),
+                 grad=dtype == F64, label=f"weak {expr}")
+case("multiply", lambda x: x * np.float64(2.0), lambda x: x * np.float64(2.0),
+     In((3,), F32), grad=False, label="numpy-scalar-is-strong")
+case("add", lambda x: np.ones((2, 3)) + x, lambda x: np.ones((2, 3)) + x, In((3,), F32),
+     label="ndarray-on-the-left")
+
+# -- where and clip ----------------------------------------------------------------------------
+for sc, sa, sb in [((2, 3), (2, 3), (2, 3)), ((3,), (2, 1), ()), ((), (2, 3), (3,)),
+                   ((2, 1), (1, 3), (2, 3))]:
+    case("where", rnp.where, np.where, In(sc, BOOL), In(sa, F64), In(sb, F64))
+case("where", rnp.where, np.where, In((2, 3), I64, "int"), In((2, 3), F64), In((3,), F32),
+     label="int-cond")
+case("where", lambda c, a: rnp.where(c, a, 0.0), lambda c, a: np.where(c, a, 0.0),
+     In((2, 3), BOOL), In((2, 3), F32), label="weak-scalar")
+case("where", rnp.where, np.where, In((2, 3), BOOL), In((2, 3), I32), In((3,), F32),
+     label="promote")
+case("clip", lambda x: rnp.clip(x, -0.5, 0.5), lambda x: np.clip(x, -0.5, 0.5), In((3, 4)))
+case("clip", lambda x: rnp.clip(x, None, 0.3), lambda x: np.clip(x, None, 0.3), In((5,)))
+case("clip", lambda x: rnp.clip(x, -0.2, None), lambda x: np.clip(x, -0.2, None), In(()))
+case("clip", lambda x, lo, hi: rnp.clip(x, -rnp.abs(lo), rnp.abs(hi)),
+     lambda x, lo, hi: np.clip(x, -np.abs(lo), np.abs(hi)), In((2, 3)), In((3,), F64, "unit"),
+     In((2, 1), F64, "unit"), label="array-bounds")
+case("clip", lambda x: rnp.clip(x, 0, 2), lambda x: np.clip(x, 0, 2), In((2, 3), I32),
+     label="int")
+
+# -- reductions --------------------------------------------------------------------------------
+REDUCTIONS = {
+    "sum": (rnp.sum, np.sum, "real"),
+    "mean": (rnp.mean, np.mean, "real"),
+    "max": (rnp.max, np.max, "real"),
+    "min": (rnp.min, np.min, "real"),
+    "prod": (rnp.prod, np.prod, "away0"),
+    "var": (rnp.var, np.var, "real"),
+    "std": (rnp.std, np.std, "real"),
+}
+
+
+def logsumexp_ref(x, axis=None, keepdims=False):
+    m = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+REDUCTIONS["logsumexp"] = (rnp.logsumexp, logsumexp_ref, "real")
+REDUCTION_AXES = {(): [None], (4,): [None, 0, -1], (2, 3): [None, 0, 1, (0, 1)],
+                  (2, 3, 4): [None, 1, -1, (0, 2)], (3, 1, 2): [None, 1, (0, 1)]}
+
+
+def axis_op(op, **kw):
+    return lambda x: op(x, **kw)
+
+
+for name, (op, ref, domain) in REDUCTIONS.items():
+    for shape, axes in REDUCTION_AXES.items():
+        for axis in axes:
+            for keepdims in (False, True):
+                # the variance over size-1 axes is 0, where std's gradient is infinite
+                zero_var = name == "std" and (shape == () or (shape == (3, 1, 2) and axis == 1))
+                kw = dict(axis=axis, keepdims=keepdims)
+                case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape, F64, domain),
+                     label=f"axis={axis},keepdims={keepdims}", grad=not zero_var)
+    for dtype in (F32, I32, I64, BOOL):
+        if dtype == BOOL and name in ("var", "std", "logsumexp", "prod"):
+            continue
+        if name == "logsumexp" and dtype != F32:
+            continue  # NumPy has no logsumexp; the reference promotes ints differently
+        case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
+for ddof in (1, 2):
+    case("var", lambda x, d=ddof: rnp.var(x, axis=0, ddof=d),
+         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}")
+    case("std", lambda x, d=ddof: rnp.std(x, ddof=d), lambda x, d=ddof: np.std(x, ddof=d),
+         In((5,)), label=f"ddof={ddof}")
+case("sum", lambda x: rnp.sum(x, axis=0, dtype=np.float32),
+     lambda x: np.sum(x, axis=0, dtype=np.float32), In((3, 2), I32), label="dtype")
+case("sum+mean+max+min+prod+var+std+argmax+argmin",
+     lambda x: [x.sum(0), x.mean(axis=1), x.max(), x.min(1), x.prod(axis=0), x.var(),
+                x.std(1), x.argmax(1), x.argmin()],
+     lambda x: [x.sum(0), x.mean(axis=1), x.max(), x.min(1), x.prod(axis=0), x.var(),
+                x.std(1), x.argmax(1), x.argmin()], In((3, 4), F64, "away0"), label="methods")
+case("logsumexp", lambda x: rnp.logsumexp(x * 300.0, axis=1),
+     lambda x: logsumexp_ref(x * 300.0, axis=1), In((2, 3)), label="large")
+
+for name, op, ref in [("argmax", rnp.argmax, np.argmax), ("argmin", rnp.argmin, np.argmin)]:
+    for shape, axes in REDUCTION_AXES.items():
+        for axis in axes:
+            if isinstance(axis, tuple):
+                continue
+            for keepdims in (False, True):
+                kw = dict(axis=axis, keepdims=keepdims)
+                case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape),
+                     label=f"axis={axis},keepdims={keepdims}")
+    case(name, axis_op(op, axis=0), axis_op(ref, axis=0), In((4, 3), I32))
+    case(name, axis_op(op, axis=-1), axis_op(ref, axis=-1), In((4, 3), F64, "int"), label="ties")
+
+# -- contractions ------------------------------------------------------------------------------
+MATMUL_SHAPES = [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 4)), ((2, 3), (3, 4)),
+                 ((5, 2, 3), (3, 4)), ((2, 3), (5, 3, 4)), ((2, 1, 2, 3), (4, 3, 2)),
+                 ((3,), (2, 3, 4)), ((2, 2, 3), (3,)), ((1, 3), (3, 1))]
+for sa, sb in MATMUL_SHAPES:
+    case("matmul", rnp.matmul, np.matmul, In(sa), In(sb))
+case("matmul", lambda a, b: a @ b, lambda a, b: a @ b, In((2, 3)), In((3, 2)), label="operator@")
+case("matmul", lambda a, b: b.T @ a.T, lambda a, b: b.T @ a.T, In((2, 3)), In((3, 2)),
+     label="rmatmul-T")
+case("matmul", rnp.matmul, np.matmul, In((2, 3), I32), In((3, 2), I32))
+case("matmul", rnp.matmul, np.matmul, In((2, 3), F32), In((3, 2), F64), label="promote")
+case("dot", rnp.dot, np.dot, In((2, 3)), In((3,)))
+case("dot", rnp.dot, np.dot, In((3,)), In((3,)))
+case("dot", rnp.dot, np.dot, In((2, 3)), In((3, 4)))
+EINSUM = [("ij,jk->ik", [(2, 3), (3, 4)]), ("ij->ji", [(2, 3)]), ("ij->", [(2, 3)]),
+          ("ij->j", [(2, 3)]), ("i,i->", [(4,)] * 2), ("i,j->ij", [(2,), (3,)]),
+          ("bij,bjk->bik", [(2, 2, 3), (2, 3, 2)]), ("ijk,k->ij", [(2, 3, 4), (4,)]),
+          ("ij,ij->ij", [(2, 3)] * 2), ("ij,jk", [(2, 3), (3, 2)]), ("ij,jk,kl->il",
+          [(2, 3), (3, 2), (2, 2)]), ("ij,k->ik", [(2, 3), (4,)]), ("bhqd,bhkd->bhqk",
+          [(1, 2, 3, 2), (1, 2, 4, 2)]), ("i->", [(5,)]), ("ij,j", [(2, 3), (3,)])]
+for subscripts, shapes in EINSUM:
+    case("einsum", lambda *xs, s=subscripts: rnp.einsum(s, *xs),
+         lambda *xs, s=subscripts: np.einsum(s, *xs), *[In(s) for s in shapes], label=subscripts)
+case("einsum", lambda a, b: rnp.einsum("ij,jk->ik", a, b),
+     lambda a, b: np.einsum("ij,jk->ik", a, b), In((2, 3), F32), In((3, 2), F64),
+     label="promote")
+
+# -- shapes ------------------------------------------------------------------------------------
+SHAPE_CASES = [
+    ("reshape", lambda x: rnp.reshape(x, (3, 2)), lambda x: np.reshape(x, (3, 2)), [(2, 3)]),
+    ("reshape", lambda x: rnp.reshape(x, (2, -1)), lambda x: np.reshape(x, (2, -1)), [(6,)]),
+    ("reshape", lambda x: rnp.reshape(x, (1, 1)), lambda x: np.reshape(x, (1, 1)), [()]),
+    ("reshape", lambda x: rnp.reshape(x, ()), lambda x: np.reshape(x, ()), [(1, 1)]),
+    ("reshape", lambda x: x.reshape(4, 3), lambda x: x.reshape(4, 3), [(2, 3, 2)]),
+    ("reshape", lambda x: rnp.reshape(x, 6), lambda x: np.reshape(x, 6), [(3, 2)]),
+    ("ravel", rnp.ravel, np.ravel, [(2, 3, 1)]),
+    ("ravel", lambda x: x.ravel(), lambda x: x.ravel(), [()]),
+    ("transpose", rnp.transpose, np.transpose, [(2, 3, 4)]),
+    ("transpose", lambda x: rnp.transpose(x, (1, 0, 2)), lambda x: np.transpose(x, (1, 0, 2)),
+     [(2, 3, 4)]),
+    ("transpose", lambda x: rnp.transpose(x, (-1, 0, 1)), lambda x: np.transpose(x, (-1, 0, 1)),
+     [(2, 3, 4)]),
+    ("transpose", lambda x: x.T, lambda x: x.T, [(2, 3)]),
+    ("transpose", lambda x: x.transpose(1, 0), lambda x: x.transpose(1, 0), [(2, 3)]),
+    ("transpose", rnp.transpose, np.transpose, [()]),
+    ("swapaxes", lambda x: rnp.swapaxes(x, 0, 2), lambda x: np.swapaxes(x, 0, 2), [(2, 3, 4)]),
+    ("swapaxes", lambda x: rnp.swapaxes(x, -1, 0), lambda x: np.swapaxes(x, -1, 0), [(2, 3)]),
+    ("moveaxis", lambda x: rnp.moveaxis(x, 0, -1), lambda x: np.moveaxis(x, 0, -1), [(2, 3, 4)]),
+    ("moveaxis", lambda x: rnp.moveaxis(x, 2, 0), lambda x: np.moveaxis(x, 2, 0), [(2, 3, 4)]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (2, 3)), lambda x: np.broadcast_to(x, (2, 3)),
+     [(3,)]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (2, 2)), lambda x: np.broadcast_to(x, (2, 2)),
+     [()]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (4, 2, 3)),
+     lambda x: np.broadcast_to(x, (4, 2, 3)), [(2, 1)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, 0), lambda x: np.expand_dims(x, 0), [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, -1), lambda x: np.expand_dims(x, -1), [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, (0, 2)), lambda x: np.expand_dims(x, (0, 2)),
+     [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, 0), lambda x: np.expand_dims(x, 0), [()]),
+    ("squeeze", rnp.squeeze, np.squeeze, [(1, 3, 1)]),
+    ("squeeze", lambda x: rnp.squeeze(x, 1), lambda x: np.squeeze(x, 1), [(2, 1, 3)]),
+    ("squeeze", lambda x: rnp.squeeze(x, (0, -1)), lambda x: np.squeeze(x, (0, -1)),
+     [(1, 3, 1)]),
+    ("squeeze", lambda x: x.squeeze(), lambda x: x.squeeze(), [(1, 1)]),
+    ("squeeze", rnp.squeeze, np.squeeze, [()]),
+    ("concatenate", lambda a, b: rnp.concatenate([a, b]), lambda a, b: np.concatenate([a, b]),
+     [(2, 3), (1, 3)]),
+    ("concatenate", lambda a, b, c: rnp.concatenate((a, b, c), axis=-1),
+     lambda a, b, c: np.concatenate((a, b, c), axis=-1), [(2, 1), (2, 3), (2, 2)]),
+    ("concatenate", lambda a: rnp.concatenate([a]), lambda a: np.concatenate([a]), [(3,)]),
+    ("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), [(2, 3), (2, 3)]),
+    ("stack", lambda a, b, c: rnp.stack([a, b, c], axis=1),
+     lambda a, b, c: np.stack([a, b, c], axis=1), [(2, 3)] * 3),
+    ("stack", lambda a, b: rnp.stack([a, b], axis=-1), lambda a, b: np.stack([a, b], axis=-1),
+     [(2, 3), (2, 3)]),
+    ("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), [(), ()]),
+    ("split", lambda x: rnp.split(x, 3), lambda x: np.split(x, 3), [(6, 2)]),
+    ("split", lambda x: rnp.split(x, [1, 3], axis=1), lambda x: np.split(x, [1, 3], axis=1),
+     [(2, 5)]),
+    ("split", lambda x: rnp.split(x, 1, axis=-1), lambda x: np.split(x, 1, axis=-1), [(2, 3)]),
+    ("split", lambda x: rnp.split(x, [2, 2], axis=0), lambda x: np.split(x, [2, 2], axis=0),
+     [(4,)]),
+    ("pad", lambda x: rnp.pad(x, 1), lambda x: np.pad(x, 1), [(2, 3)]),
+    ("pad", lambda x: rnp.pad(x, ((1, 0), (0, 2))), lambda x: np.pad(x, ((1, 0), (0, 2))),
+     [(2, 3)]),
+    ("pad", lambda x: rnp.pad(x, (2, 1), constant_values=1.5),
+     lambda x: np.pad(x, (2, 1), constant_values=1.5), [(3,)]),
+    ("pad", lambda x: rnp.pad(x, ((0, 0), (0, 0), (1, 1))),
+     lambda x: np.pad(x, ((0, 0), (0, 0), (1, 1))), [(1, 2, 2)]),
+]
+for name, fn, ref, shapes in SHAPE_CASES:
+    case(name, fn, ref, *[In(s) for s in shapes])
+case("concatenate", lambda a, b: rnp.concatenate([a, b], axis=1),
+     lambda a, b: np.concatenate([a, b], axis=1), In((2, 1), F32), In((2, 2), F64),
+     label="promote")
+case("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), In((3,), I32),
+     In((3,), F32), label="promote")
+case("pad", lambda x: rnp.pad(x, 1, constant_values=7), lambda x: np.pad(x, 1, constant_values=7),
+     In((2, 2), I32), label="int")
+case("reshape+transpose", lambda x: rnp.transpose(rnp.reshape(x, (3, 2)), (1, 0)),
+     lambda x: np.transpose(np.reshape(x, (3, 2)), (1, 0)), In((6,), BOOL), label="bool")
+
+# -- indexing ----------------------------------------------------------------------------------
+BASIC_KEYS = [1, -1, slice(1, 3), slice(None, None, 2), (slice(None), 1), None, (Ellipsis, 0),
+              (1, slice(None, None, -1)), (slice(3, 0, -2), slice(1, None)),
+              (None, slice(None), None, 2), (0, 0), np.int64(2), (slice(None), slice(0, 0))]
+for key in BASIC_KEYS:
+    case("getitem", lambda x, k=key: x[k], lambda x, k=key: x[k], In((4, 5)), label=repr(key))
+case("getitem", lambda x: x[1, :, -2], lambda x: x[1, :, -2], In((2, 3, 4)), label="3d")
+case("getitem", lambda x: rnp.getitem(x, (0, slice(1, None))), lambda x: x[0, 1:], In((3, 3)),
+     label="function")
+ADVANCED = [  # (label, key builder taking the index arrays, index shapes and axis sizes)
+    ("x[i]", lambda x, i: x[i], [((5,), 4)], (4, 3)),
+    ("x[i2d]", lambda x, i: x[i], [((2, 3), 4)], (4, 3)),
+    ("x[:,i]", lambda x, i: x[:, i], [((5,), 3)], (4, 3)),
+    ("x[i,j]", lambda x, i, j: x[i, j], [((2, 3), 4), ((3,), 3)], (4, 3)),
+    ("x[i,:,j]", lambda x, i, j: x[i, :, j], [((3,), 2), ((3,), 4)], (2, 3, 4)),
+    ("x[1,:,j]", lambda x, j: x[1, :, j], [((2,), 4)], (2, 3, 4)),
+    ("x[:,i,j]", lambda x, i, j: x[:, i, j], [((2, 1), 3), ((4,), 4)], (2, 3, 4)),
+    ("x[i]0d", lambda x, i: x[i], [((), 4)], (4, 3)),
+    ("x[...,i]", lambda x, i: x[..., i], [((3,), 4)], (2, 3, 4)),
+]
+for label, fn, index_specs, shape in ADVANCED:
+    # index arrays passed as arguments: graph inputs in graph mode
+    case("getitem", fn, fn, In(shape), *[In(s, I64, f"index{n}") for s, n in index_specs],
+         label=label)
+for label, key in [("repeated", np.array([0, 2, 2, -1])), ("list", [3, 0, 3]),
+                   ("mask", np.array([True, False, True, True]))]:
+    # index arrays closed over as constants
+    case("getitem", lambda x, k=key: x[k], lambda x, k=key: x[k], In((4, 2)), label=label)
+case("getitem", lambda x, i: x[i], lambda x, i: x[i], In((4, 2), I32), In((3,), I32, "index4"),
+     label="int32-index")
+TAKE = [(None, (3,), (2, 3)), (None, (), (2, 3)), (0, (2, 2), (3, 2)), (1, (4,), (2, 3)),
+        (-1, (2,), (2, 3, 2))]
+for axis, ishape, xshape in TAKE:
+    n = int(np.prod(xshape)) if axis is None else xshape[axis]
+    case("take", lambda x, i, a=axis: rnp.take(x, i, axis=a),
+         lambda x, i, a=axis: np.take(x, i, axis=a), In(xshape), In(ishape, I64, f"index{n}"),
+         label=f"axis={axis}")
+for axis, shape in [(0, (3, 4)), (1, (3, 4)), (-1, (2, 3, 4))]:
+    idx_shape = list(shape)
+    idx_shape[axis] = 2
+    case("take_along_axis", lambda x, i, a=axis: rnp.take_along_axis(x, i, a),
+         lambda x, i, a=axis: np.take_along_axis(x, i, a), In(shape),
+         In(tuple(idx_shape), I64, f"index{shape[axis]}"), label=f"axis={axis}")
+for dtype, n in [(I64, 4), (I32, 3)]:
+    case("one_hot", lambda i, n=n: rnp.one_hot(i, n), lambda i, n=n: np.eye(n, dtype=np.float32)[i],
+         In((2, 3), dtype, f"class{n}"), label=f"n={n}")
+case("one_hot", lambda i: rnp.one_hot(i, 5, dtype=np.float64),
+     lambda i: np.eye(5, dtype=np.float64)[i], In((4,), I64, "class5"), label="float64")
+case("one_hot", lambda i: rnp.one_hot(i, 3), lambda i: np.eye(3, dtype=np.float32)[i],
+     In((), I64, "class3"), label="0d")
+
+# -- convolution and pooling -------------------------------------------------------------------
+
+
+def pair(v):
+    return (v, v) if np.isscalar(v) else tuple(v)
+
+
+def windows_ref(x, kernel, stride, padding, dilation, pad_value):
+    """Yield (i, j, patch) for each output position: a direct loop over the output grid."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, pair(stride), pair(padding), pair(dilation)
+    x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value)
+    oh = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    for i in range(oh):
+        for j in range(ow):
+            r, c = i * sh, j * sw
+            yield i, j, oh, ow, x[:, :, r:r + dh * (kh - 1) + 1:dh, c:c + dw * (kw - 1) + 1:dw]
+
+
+def conv2d_ref(x, w, stride=1, padding=0, dilation=1):
+    out = None
+    for i, j, oh, ow, patch in windows_ref(x, w.shape[2:], stride, padding, dilation, 0.0):
+        if out is None:
+            out = np.zeros((x.shape[0], w.shape[0], oh, ow), np.result_type(x, w))
+        out[:, :, i, j] = np.tensordot(patch, w, axes=([1, 2, 3], [1, 2, 3]))
+    return out
+
+
+def pool_ref(reduce, pad_value):
+    def ref(x, kernel_size, stride=None, padding=0):
+        kernel = pair(kernel_size)
+        out = None
+        for i, j, oh, ow, patch in windows_ref(x, kernel, stride or kernel_size, padding, 1,
+                                               pad_value):
+            if out is None:
+                out = np.zeros(x.shape[:2] + (oh, ow), x.dtype)
+            out[:, :, i, j] = reduce(patch, axis=(2, 3))
+        return out
+
+    return ref
+
+
+max_pool2d_ref = pool_ref(np.max, -np.inf)
+avg_pool2d_ref = pool_ref(np.mean, 0.0)
+
+CONV = [((1, 1, 4, 4), (1, 1, 3, 3), {}), ((2, 2, 5, 5), (3, 2, 3, 3), {"padding": 1}),
+        ((1, 2, 6, 7), (2, 2, 3, 2), {"stride": 2}), ((1, 1, 7, 7), (2, 1, 3, 3), {"dilation": 2}),
+        ((2, 1, 5, 6), (1, 1, 2, 3), {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2)}),
+        ((1, 3, 3, 3), (2, 3, 1, 1), {}), ((1, 1, 5, 5), (1, 1, 3, 3),
+                                           {"stride": 3, "padding": 1})]
+for xs_, ws_, kw in CONV:
+    label = ",".join(f"{k}={v}" for k, v in kw.items()) or "plain"
+    case("conv2d", lambda x, w, kw=kw: rnp.conv2d(x, w, **kw),
+         lambda x, w, kw=kw: conv2d_ref(x, w, **kw), In(xs_), In(ws_), label=label)
+case("conv2d", lambda x, w: rnp.conv2d(x, w, padding=1), lambda x, w: conv2d_ref(x, w, padding=1),
+     In((1, 2, 4, 4), F32), In((2, 2, 3, 3), F32), label="float32")
+POOL = [((1, 1, 4, 4), 2, {}), ((2, 2, 5, 5), 3, {"stride": 1}), ((1, 1, 5, 6), (2, 3), {}),
+        ((1, 2, 5, 5), 3, {"stride": 2, "padding": 1}), ((1, 1, 4, 4), 2, {"stride": (1, 2)})]
+for xs_, k, kw in POOL:
+    label = f"k={k}," + ",".join(f"{a}={v}" for a, v in kw.items())
+    for name, op, ref in [("max_pool2d", rnp.max_pool2d, max_pool2d_ref),
+                          ("avg_pool2d", rnp.avg_pool2d, avg_pool2d_ref)]:
+        case(name, lambda x, k=k, kw=kw, op=op: op(x, k, **kw),
+             lambda x, k=k, kw=kw, ref=ref: ref(x, k, **kw), In(xs_), label=label)
+case("max_pool2d", lambda x: rnp.max_pool2d(x, 2), lambda x: max_pool2d_ref(x, 2),
+     In((1, 2, 4, 4), F32), label="float32")
+
+# -- cast, creation ----------------------------------------------------------------------------
+for src, dst in [(F64, F32), (F64, I32), (F32, F64), (I32, F32), (I64, F64), (BOOL, F64),
+                 (F64, BOOL), (I32, I64), (F64, F64)]:
+    case("cast", lambda x, d=dst: rnp.cast(x, d), lambda x, d=dst: x.astype(d),
+         In((2, 3), src, "real"), grad=False, label=f"to {dst}")
+    case("astype", lambda x, d=dst: x.astype(d), lambda x, d=dst: x.astype(d),
+         In((3,), src, "real"), grad=False, label=f"to {dst}")
+case("astype", lambda x: rnp.astype(x, np.float32), lambda x: x.astype(np.float32), In((2,), I64),
+     grad=False)
+case("cast", lambda x: rnp.cast(rnp.cast(x, F32), F64) * 3.0,
+     lambda x: x.astype(F32).astype(F64) * 3.0, In((2, 3)), label="via float32", fd_eps=1e-3,
+     grad_rtol=1e-3, grad_atol=1e-4)
+case("cast", lambda x: rnp.cast(x * 1.0, F32), lambda x: (x * 1.0).astype(F32), In((4,)),
+     label="float32 out", fd_eps=1e-3, grad_rtol=1e-3, grad_atol=1e-4)
+CREATION = [
+    ("zeros", lambda: rnp.zeros((2, 3), np.float64), lambda: np.zeros((2, 3), np.float64)),
+    ("ones", lambda: rnp.ones((3,), np.int32), lambda: np.ones((3,), np.int32)),
+    ("full", lambda: rnp.full((2, 2), 1.5, np.float64), lambda: np.full((2, 2), 1.5, np.float64)),
+    ("arange", lambda: rnp.arange(5), lambda: np.arange(5)),
+    ("arange", lambda: rnp.arange(1, 7, 2, dtype=np.float32),
+     lambda: np.arange(1, 7, 2, dtype=np.float32)),
+    ("eye", lambda: rnp.eye(3, np.float64), lambda: np.eye(3)),
+    ("asarray", lambda: rnp.asarray([[1, 2], [3, 4]]), lambda: np.asarray([[1, 2], [3, 4]])),
+    ("asarray", lambda: rnp.asarray([1.0, 2.0], np.float32),
+     lambda: np.asarray([1.0, 2.0], np.float32)),
+    ("array", lambda: rnp.array(3.5), lambda: np.array(3.5)),
+    ("as_array", lambda: rnp.as_array(np.int32(4)), lambda: np.asarray(np.int32(4))),
+]
+for name, fn, ref in CREATION:
+    case(name, fn, ref)
+for name, op, ref in [("zeros_like", rnp.zeros_like, np.zeros_like),
+                      ("ones_like", rnp.ones_like, np.ones_like)]:
+    case(name, op, ref, In((2, 3), F32), grad=False)
+    case(name, lambda x, op=op: op(x, dtype=np.int64) + x, lambda x, ref=ref: ref(x, np.int64) + x,
+         In((3,), F64), label="dtype+x")
+case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=False)
+case("stop_gradient", rnp.stop_gradient, lambda x: x, In((), I32), grad=False)
+
+
+
+def differentiable(c: Case) -> bool:
+    """Float64 inputs, floating-point outputs, and not excluded by the case."""
+    if not (c.grad and c.float64_only):
+        return False
+    return all(np.asarray(o).dtype.kind == "f" for o in leaves(c.ref(*c.sample())))
+
+
+GRAD_CASES = [c for c in CASES if differentiable(c)]
+
+
+# ================================================================================================
+# The checks.
+# ================================================================================================
+@pytest.mark.parametrize("mode", ["graph", "eager", "direct"])
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_forward(c, mode):
+    xs = c.sample()
+    expected = [np.asarray(o) for o in leaves(c.ref(*xs))]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        actual = run_forward(c.fn, xs, mode)
+    assert_same(actual, expected, c.rtol, what=f"{c.id} in {mode} mode")
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("c", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
+def test_gradient(c, mode):
+    xs = c.sample()
+    cots = cotangents(c, xs)
+    wrt = float_inputs(xs)
+    got = library_grad(c, xs, cots, mode)
+    want = finite_differences(lambda v: reference_loss(c.ref, v, cots), xs, wrt, c.fd_eps)
+    for i, g, w in zip(wrt, got, want):
+        assert g.shape == xs[i].shape and g.dtype == xs[i].dtype, (g.shape, g.dtype)
+        np.testing.assert_allclose(g, w, rtol=c.grad_rtol, atol=c.grad_atol,
+                                   err_msg=f"d/d input {i} of {c.id} in {mode} mode")
+
+
+GRAD_OF_GRAD = {"exp", "log", "tanh", "sigmoid", "softplus", "sin", "cos", "sqrt", "rsqrt",
+                "multiply", "divide", "power", "matmul", "einsum", "logsumexp", "var", "std",
+                "prod", "getitem", "take", "where", "conv2d", "max_pool2d", "avg_pool2d",
+                "concatenate", "pad", "maximum", "reciprocal", "abs", "expm1", "log1p",
+                "broadcast_to", "mean", "max"}
+
+
+def _pick_gg():
+    picked, seen = [], {}
+    for c in GRAD_CASES:
+        n = seen.get(c.op, 0)
+        if c.op in GRAD_OF_GRAD and n < 2 and builtins.sum(np.prod(i.shape) for i in c.inputs) <= 60:
+            picked.append(c)
+            seen[c.op] = n + 1
+    return picked
+
+
+GG_CASES = _pick_gg()
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("c", GG_CASES, ids=[c.id for c in GG_CASES])
+def test_gradient_of_gradient(c, mode):
+    """d/dx <grad(loss)(x), v> against central differences of the (eager) gradient."""
+    xs = c.sample()
+    cots = cotangents(c, xs)
+    wrt = float_inputs(xs)
+    rng = np.random.default_rng(zlib.crc32(("v" + c.id).encode()))
+    vs = [rng.standard_normal(xs[i].shape) for i in wrt]
+    loss = loss_of(c, cots)
+
+    def inner(*args):
+        grads = rp.grad(loss(*args), [args[i] for i in wrt])
+        return builtins.sum(rnp.sum(g * v) for g, v in zip(grads, vs))
+
+    def outer(*args):
+        return rp.grad(inner(*args), [args[i] for i in wrt])
+
+    got = [to_numpy(g) for g in rp.function(outer, mode=mode)(*xs)]
+    eager_inner = rp.function(inner, mode="eager")
+    want = finite_differences(lambda v: float(eager_inner(*v)), xs, wrt, 1e-5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"{c.id} in {mode} mode")
+
+
+def test_grad_of_grad_is_exercised():
+    assert {c.op for c in GG_CASES} >= {"tanh", "matmul", "conv2d", "power", "logsumexp"}
+
+
+def test_every_public_op_is_covered():
+    public = {n for n in rnp.__all__ if callable(getattr(rnp, n))
+              and not isinstance(getattr(rnp, n), type)}
+    covered = {part for c in CASES for part in c.op.split("+")}
+    assert public - covered == set(), "public ops without a test case"
+    random_public = {"key", "split", "fold_in", "uniform", "normal", "bernoulli", "categorical",
+                     "Generator"}
+    assert {n for n in dir(rnp.random) if n in random_public} == random_public
+
+
+# ================================================================================================
+# Gradients that need hand-picked inputs or an analytic answer.
+# ================================================================================================
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_prod_gradient_with_zeros(mode, axis):
+    # rows with no zero, one zero and two zeros; prod is a polynomial, so differences are exact
+    x = np.array([[0.0, 2.0, 3.0], [1.5, 0.0, 0.0], [2.0, -3.0, 0.5]])
+    cot = np.array([1.0, -2.0, 0.5]) if axis is not None else np.array(1.5)
+    got = rp.function(lambda v: rp.grad(rnp.sum(rnp.prod(v, axis=axis) * cot), v), mode=mode)(x)
+    want = finite_differences(lambda v: float(np.sum(np.prod(v[0], axis=axis) * cot)), [x], [0],
+                              1e-3)[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_stop_gradient(mode):
+    x = np.array([1.0, -2.0, 3.0])
+
+    def f(v):
+        return (rp.grad(rnp.sum(rnp.stop_gradient(v) * v), v),  # = x, not 2x
+                rp.grad(rnp.sum(rnp.stop_gradient(v * v)), v),  # no path: zeros
+                rp.grad(rnp.sum(rnp.stop_gradient(v) ** 2 + v), v))  # = 1
+
+    a, b, c = rp.function(f, mode=mode)(x)
+    np.testing.assert_array_equal(a, x)
+    np.testing.assert_array_equal(b, np.zeros(3))
+    np.testing.assert_array_equal(c, np.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_gradient_keeps_the_input_dtype(mode):
+    x32 = np.array([1.0, 2.0], np.float32)
+
+    def f(x):
+        y = rnp.cast(x, np.float64) * 3.0  # computed in float64
+        return rp.grad(rnp.sum(y * y), x), rp.grad(rnp.sum(x * 2.0), x)
+
+    g1, g2 = rp.function(f, mode=mode)(x32)
+    assert g1.dtype == np.float32 and g2.dtype == np.float32
+    np.testing.assert_allclose(g1, 18.0 * x32)
+    np.testing.assert_allclose(g2, [2.0, 2.0])
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_no_gradient_through_integer_casts_and_comparisons(mode):
+    x = np.array([1.7, -2.2, 0.4])
+
+    def f(v):
+        through_int = rnp.cast(rnp.cast(v, np.int32), np.float64) * v
+        through_cmp = rnp.cast(v > 0, np.float64) * v
+        return rp.grad(rnp.sum(through_int), v), rp.grad(rnp.sum(through_cmp), v)
+
+    g_int, g_cmp = rp.function(f, mode=mode)(x)
+    np.testing.assert_array_equal(g_int, x.astype(np.int32).astype(np.float64))
+    np.testing.assert_array_equal(g_cmp, (x > 0).astype(np.float64))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_argmax_and_sign_have_zero_gradient(mode):
+    x = np.array([[0.3, -1.0, 2.0], [1.0, 0.5, -0.5]])
+
+    def f(v):
+        picked = rnp.take_along_axis(v, rnp.expand_dims(rnp.argmax(v, axis=1), 1), 1)
+        return rp.grad(rnp.sum(picked * 2.0 + rnp.sign(v)), v)
+
+    want = np.zeros_like(x)
+    want[np.arange(2), x.argmax(1)] = 2.0
+    np.testing.assert_array_equal(rp.function(f, mode=mode)(x), want)
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_gradient_of_max_splits_ties(mode):
+    x = np.array([1.0, 3.0, 3.0, -1.0])
+    g = rp.function(lambda v: rp.grad(rnp.max(v), v), mode=mode)(x)
+    np.testing.assert_array_equal(g, [0.0, 0.5, 0.5, 0.0])  # a subgradient; sums to 1
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_gradient_wrt_an_intermediate_and_unused_inputs(mode):
+    def f(x, y):
+        h = rnp.tanh(x)
+        z = rnp.sum(h * h)
+        return rp.grad(z, [h, x, y])
+
+    x = np.array([0.5, -1.0])
+    gh, gx, gy = rp.function(f, mode=mode)(x, np.ones(3))
+    np.testing.assert_allclose(gh, 2 * np.tanh(x))
+    np.testing.assert_allclose(gx, 2 * np.tanh(x) * (1 - np.tanh(x) ** 2))
+    np.testing.assert_array_equal(gy, np.zeros(3))
