@@ -19,7 +19,7 @@ from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scat
 from . import nn, optim
 from .optim import wrap_optimizer
 from .runtime import Replicator
-from .runtime import data
+from .runtime import callbacks, checkpoint, data
 from .runtime.data import shard_batches
 
 __version__ = "0.1.0"
@@ -28,6 +28,6 @@ __all__ = [
     "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
-    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer", "data",
+    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer", "data", "callbacks", "checkpoint",
     "shard_batches",
 ]

@@ -62,13 +62,14 @@ class Optimizer:
     def update(self, i, p, g, lr, step):
         raise NotImplementedError
 
-    def variables(self) -> list[Variable]:
-        """The optimiser's own state (for checkpoints)."""
-        out = [self.step]
-        for value in vars(self).values():
+    def variables(self) -> dict:
+        """The optimiser's own state by name (for checkpoints): step and every slot."""
+        out = {"step": self.step}
+        for key, value in vars(self).items():
             if isinstance(value, list) and value and isinstance(value[0], Variable) \
                     and value is not self.params:
-                out.extend(value)
+                for i, var in enumerate(value):
+                    out[f"{key}/{i}"] = var
         return out
 
 
@@ -149,18 +150,79 @@ class CrossReplicaOptimizer:
     ``wrap_optimizer``).
     """
 
-    def __init__(self, optimizer: Optimizer):
+    def __init__(self, optimizer: Optimizer, max_grad_norm: float | None = None):
         self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
 
     def apply(self, grads) -> None:
         from .collectives import all_reduce
 
-        self.optimizer.apply(all_reduce(grads, "mean"))
+        grads = all_reduce(grads, "mean")
+        if self.max_grad_norm is not None:
+            grads = clip_by_global_norm(grads, self.max_grad_norm)
+        self.optimizer.apply(grads)
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
 
 
-def wrap_optimizer(optimizer: Optimizer) -> CrossReplicaOptimizer:
-    """Average gradients across replicas before every update."""
-    return CrossReplicaOptimizer(optimizer)
+def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None):
+    """Average gradients across replicas (then clip them to ``max_grad_norm``, a norm global
+    over all replicas) before every update."""
+    return CrossReplicaOptimizer(optimizer, max_grad_norm)
+
+
+def global_norm(grads):
+    """The L2 norm of all leaves together."""
+    leaves = [rnp.as_array(g) for g in tree.flatten(grads)[0]]
+    return rnp.sqrt(sum(rnp.sum(g * g) for g in leaves))
+
+
+def clip_by_global_norm(grads, max_norm: float, cross_replica: bool = False):
+    """Scale ``grads`` so their global norm is at most ``max_norm``.
+
+    After ``all_reduce`` (or inside ``wrap_optimizer(..., max_grad_norm=...)``) the gradients are
+    the same on every replica, so their norm is global over all replicas. With
+    ``cross_replica=True`` and per-replica gradients the norm is taken over the sum of every
+    replica's squared norms.
+    """
+    norm = global_norm(grads)
+    if cross_replica:
+        from .collectives import all_reduce
+
+        norm = rnp.sqrt(all_reduce(norm * norm, "sum"))
+    scale = rnp.minimum(1.0, max_norm / (norm + 1e-12))
+    return tree.tree_map(lambda g: g * rnp.cast(scale, rnp.as_array(g).dtype), grads)
+
+
+def warmup_cosine(base_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
+    """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to ``final_lr`` at
+    ``total_steps``. Returns ``schedule(step)`` (works on traced steps).
+
+    >>> import replicate.numpy as rnp
+    >>> s = warmup_cosine(1.0, 10, 110)
+    >>> [round(float(s(rnp.asarray(t))), 3) for t in (5, 10, 60, 110)]
+    [0.5, 1.0, 0.5, 0.0]
+    """
+
+    def schedule(step):
+        t = rnp.cast(step, np.float64)
+        warm = base_lr * t / max(warmup_steps, 1)
+        progress = rnp.clip((t - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
+        cosine = final_lr + 0.5 * (base_lr - final_lr) * (1.0 + rnp.cos(np.pi * progress))
+        return rnp.where(t < warmup_steps, warm, cosine)
+
+    return schedule
+
+
+def step_decay(base_lr: float, boundaries, factor: float = 0.1):
+    """``base_lr`` times ``factor`` for every boundary the step has passed."""
+
+    def schedule(step):
+        t = rnp.cast(step, np.float64)
+        lr = rnp.asarray(base_lr, np.float64)
+        for b in boundaries:
+            lr = rnp.where(t >= b, lr * factor, lr)
+        return lr
+
+    return schedule

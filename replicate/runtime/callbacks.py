@@ -1,0 +1,107 @@
+"""Things that happen around ``Replicator.run``: progress bar, metrics log, periodic callbacks.
+
+A callback is any object with ``__call__(replicator, step, outputs)``; it runs on **every** rank
+after each step (``outputs`` are the replica-reduced outputs, identical on all ranks), so a callback
+that communicates (evaluation with collectives, a checkpoint) stays consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .. import tree
+from . import checkpoint
+
+
+def scalars(outputs) -> dict:
+    """The scalar leaves of an output nest as {dotted name: float}."""
+    out = {}
+
+    def walk(x, prefix):
+        if isinstance(x, dict):
+            for k in sorted(x):
+                walk(x[k], f"{prefix}{k}.")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{prefix}{i}.")
+        else:
+            a = np.asarray(x)
+            if a.size == 1:
+                out[prefix.rstrip(".") or "value"] = float(a)
+
+    walk(outputs, "")
+    return out
+
+
+class Every:
+    """Call ``fn(replicator, step, outputs)`` every ``n`` steps (step counts from 1)."""
+
+    def __init__(self, n: int, fn):
+        self.n, self.fn = int(n), fn
+
+    def __call__(self, rep, step, outputs):
+        if step % self.n == 0:
+            self.fn(rep, step, outputs)
+
+
+class Checkpoint:
+    """Save ``state`` every ``every`` steps to ``path_pattern.format(step=...)``; keep the last
+    ``keep`` files."""
+
+    def __init__(self, path_pattern: str, state, every: int, keep: int = 3):
+        self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
+        self.written: list[str] = []
+
+    def __call__(self, rep, step, outputs):
+        if step % self.every:
+            return
+        path = self.pattern.format(step=step)
+        checkpoint.save(path, self.state, step=step, comm=rep.comm)
+        if rep.rank == 0:
+            self.written.append(path)
+            while self.keep and len(self.written) > self.keep:
+                old = self.written.pop(0)
+                if os.path.exists(old):
+                    os.unlink(old)
+
+
+class MetricsLog:
+    """Append each step's scalar outputs to a JSONL file (rank 0 only)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, rep, step, outputs):
+        if rep.rank != 0:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **scalars(outputs)}) + "\n")
+
+
+class Progress:
+    """A tqdm bar on rank 0 with step, steps/s and the latest scalar outputs."""
+
+    def __init__(self, total=None, every: int = 1):
+        self.total, self.every, self.bar = total, every, None
+
+    def __call__(self, rep, step, outputs):
+        if rep.rank != 0:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=step - 1, unit="step", dynamic_ncols=True)
+        self.bar.update(1)
+        if step % self.every == 0:
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in scalars(outputs).items()})
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "tree"]
