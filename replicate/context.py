@@ -22,6 +22,7 @@ class ReplicaContext:
     num_ranks: int = 1
     local_id: int = 0
     replicas_per_rank: int = 1
+    start_step: int = 0  # batches to skip: set when a run resumes from a checkpoint
 
 
 def current() -> ReplicaContext | None:

@@ -77,6 +77,8 @@ class MetricsLog:
     def __call__(self, rep, step, outputs):
         if rep.rank != 0:
             return
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **scalars(outputs)}) + "\n")
 
@@ -96,7 +98,8 @@ class Progress:
             self.bar = tqdm(total=self.total, initial=step - 1, unit="step", dynamic_ncols=True)
         self.bar.update(1)
         if step % self.every == 0:
-            self.bar.set_postfix({k: f"{v:.4g}" for k, v in scalars(outputs).items()})
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in scalars(outputs).items()},
+                                 refresh=False)
 
     def close(self):
         if self.bar is not None:

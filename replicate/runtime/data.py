@@ -22,11 +22,12 @@ from ..errors import ReplicateError
 
 
 def shard_batches(data, batch_size: int, ctx=None, *, seed: int = 0, epochs: int | None = 1,
-                  shuffle: bool = True, remainder: str = "drop", start_step: int = 0):
+                  shuffle: bool = True, remainder: str = "drop", start_step: int | None = None):
     """Yield this replica's batches of ``data`` (a nest of arrays with a common first axis).
 
     ``ctx`` is the replica context given to ``input_fn`` (None: a single replica).
-    ``epochs=None`` repeats forever. ``start_step`` skips that many batches (for resuming).
+    ``epochs=None`` repeats forever. ``start_step`` skips that many batches (for resuming); by
+    default it is ``ctx.start_step``, which a Replicator restored from a checkpoint sets.
 
     >>> import numpy as np
     >>> from replicate.context import ReplicaContext
@@ -46,6 +47,8 @@ def shard_batches(data, batch_size: int, ctx=None, *, seed: int = 0, epochs: int
         raise ReplicateError(f"shard_batches: remainder must be 'drop' or 'pad', got {remainder!r}")
     if batch_size <= 0:
         raise ReplicateError(f"shard_batches: batch_size must be positive, got {batch_size}")
+    if start_step is None:
+        start_step = 0 if ctx is None else ctx.start_step
     rid = 0 if ctx is None else ctx.replica_id
     R = 1 if ctx is None else ctx.num_replicas
     global_batch = R * batch_size

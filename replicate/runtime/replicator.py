@@ -79,20 +79,37 @@ class Replicator:
         self._synced: set[int] = set()
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self, steps: int | None = None) -> list:
-        """Run ``steps`` steps (or until the input runs out); return the reduced outputs."""
+    def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
+            metrics: str | None = None) -> list:
+        """Run ``steps`` steps (or until the input runs out); return the reduced outputs.
+
+        ``callbacks``: objects called as ``cb(replicator, step, outputs)`` after every step on
+        every rank (see ``rp.callbacks``: ``Every``, ``Checkpoint``). ``progress``: a tqdm bar on
+        rank 0. ``metrics``: a JSONL file that rank 0 appends each step's scalar outputs to.
+        """
+        from .callbacks import MetricsLog, Progress
+
         if steps is not None and steps < 0:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
             self._iterators = [iter(self.input_fn(ctx)) for ctx in self.contexts]
+        callbacks = list(callbacks)
+        if metrics:
+            callbacks.append(MetricsLog(metrics))
+        bar = Progress(total=steps and self.step + steps) if progress else None
+        if bar:
+            callbacks.append(bar)
         history = []
         try:
             while steps is None or len(history) < steps:
                 batches = self._next_batches()
                 if batches is None:
                     break
-                history.append(self._run_step(batches))
+                outputs = self._run_step(batches)
+                history.append(outputs)
                 self.step += 1
+                for cb in callbacks:
+                    cb(self, self.step, outputs)
         except (CollectiveMismatchError, ReplicateError) as e:
             if getattr(e, "consistent", False) or self.num_ranks == 1:
                 raise
@@ -101,7 +118,25 @@ class Replicator:
             if self.num_ranks == 1:
                 raise
             self._abort()
+        finally:
+            if bar:
+                bar.close()
         return history
+
+    def restore(self, path: str, state) -> int:
+        """Load a checkpoint into ``state`` (a nest of Variables) on every rank and continue
+        from its step: the input functions restart with ``ctx.start_step`` set to it (which
+        ``rp.shard_batches`` honours). Call before ``run``; returns the step."""
+        from dataclasses import replace
+
+        from .checkpoint import restore
+
+        info = restore(path, state, comm=self.comm)
+        self.step = int(info["step"])
+        self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
+        self._iterators = None
+        self._synced.clear()
+        return self.step
 
     def _abort(self):
         print(f"[replicate] rank {self.rank} failed at step {self.step}:\n"
