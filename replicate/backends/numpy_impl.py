@@ -58,7 +58,7 @@ def random_bits_np(key, size, stream):
     k0, k1 = key.astype(np.uint32)
     c = np.arange(size, dtype=np.uint32)
     with np.errstate(over="ignore"):
-        h = _fmix(c * _M32(0x9E3779B9) + k0 + _M32(stream * 0x632BE5AB))
+        h = _fmix(c * _M32(0x9E3779B9) + k0 + _M32((stream * 0x632BE5AB) & 0xFFFFFFFF))
         h = _fmix(h ^ k1)
         h = _fmix(h + (k0 ^ _M32(0x5BD1E995)))
     return h

@@ -32,7 +32,7 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
     while stack:
         a, expanded = stack.pop()
         if expanded:
-            deps = a.node.inputs if (a.node is not None and a.id not in targets) else ()
+            deps = a.node.inputs if a.node is not None else ()
             relevant[a.id] = a.id in targets or any(relevant.get(i.id, False) for i in deps)
             order.append(a)
             continue
@@ -40,7 +40,7 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
             continue
         seen.add(a.id)
         stack.append((a, True))
-        if a.node is not None and a.id not in targets:
+        if a.node is not None:
             for i in a.node.inputs:
                 if i.id not in seen:
                     stack.append((i, False))
@@ -57,7 +57,7 @@ def backward(y: Array, xs: list, y_grad: Array) -> list:
     cts = {y.id: y_grad}
     for a in reversed(order):
         g = cts.get(a.id)
-        if g is None or a.node is None or a.id in targets or not relevant[a.id]:
+        if g is None or a.node is None or not relevant[a.id]:
             continue
         node = a.node
         spec = get(node.prim)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .core import AVal
+from .passes.dce import SIDE_EFFECTS
 from .primitives import COLLECTIVE, declare
 
 KINDS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "permute")
@@ -47,10 +48,15 @@ def _gathered(x, *, size, **_):
 
 
 declare("collective", COLLECTIVE, _collective_shape)
-declare("local_reduce", COLLECTIVE, _same_all)
-declare("mpi_allreduce", COLLECTIVE, lambda x, **_: x)
-declare("mpi_allgather", COLLECTIVE, _gathered)
-declare("mpi_broadcast", COLLECTIVE, lambda x, **_: x)
+# what the rewrite produces: gradients are taken before it, on the placeholder
+declare("local_reduce", COLLECTIVE, _same_all, differentiable=False)
+declare("mpi_allreduce", COLLECTIVE, lambda x, **_: x, differentiable=False)
+declare("mpi_allgather", COLLECTIVE, _gathered, differentiable=False)
+declare("mpi_broadcast", COLLECTIVE, lambda x, **_: x, differentiable=False)
+
+# Communication must run on every rank even where its result is unused (say, the gradient of a
+# broadcast on a rank without the root): dead-code elimination must not drop one rank's side.
+SIDE_EFFECTS.update({"collective", "mpi_allreduce", "mpi_allgather", "mpi_broadcast"})
 
 
 # -- NumPy implementations -------------------------------------------------------------------------
@@ -67,6 +73,8 @@ def eager_collective(x, *, kind, num_replicas, replica, op="sum", axis=0, tiled=
     if num_replicas != comm.size:
         raise ShapeError(f"eager collectives need one replica per process: {num_replicas} "
                          f"replicas on {comm.size} processes")
+    if comm.size > 1:
+        _check_agreement(comm, x, kind, dict(op=op, axis=axis, tiled=tiled, root=root, shift=shift))
     if kind == "all_reduce":
         out = comm.allreduce(x, "sum" if op == "mean" else op)
         return out / num_replicas if op == "mean" else out
@@ -85,6 +93,27 @@ def eager_collective(x, *, kind, num_replicas, replica, op="sum", axis=0, tiled=
         total = total / num_replicas
     chunk = x.shape[axis] // num_replicas
     return np.take(total, np.arange(replica * chunk, (replica + 1) * chunk), axis=axis)
+
+
+_ARGS = {"all_reduce": ("op",), "all_gather": ("axis", "tiled"), "broadcast": ("root",),
+         "reduce_scatter": ("op", "axis"), "permute": ("shift",)}
+
+
+def _check_agreement(comm, x, kind, attrs):
+    """Eager mode has no schedule to compare ahead of time: before each collective the processes
+    compare what they are about to call, so a disagreement is an error (named on every rank, with
+    every rank's line), never a hang or a silently wrong result."""
+    from ..errors import CollectiveMismatchError, source_line, user_frame
+
+    args = ", ".join(f"{k}={attrs[k]!r}" for k in _ARGS[kind])
+    mine = f"{kind}({AVal(tuple(x.shape), x.dtype)}, {args})"
+    everyone = comm.allgather_obj((mine, source_line(user_frame())))
+    if len({call for call, _ in everyone}) > 1:
+        lines = "\n".join(f"  rank {r}: {call} at {where}"
+                          for r, (call, where) in enumerate(everyone))
+        error = CollectiveMismatchError(f"processes disagree about an eager collective:\n{lines}")
+        error.consistent = True  # every rank raises it
+        raise error
 
 
 def _local_reduce(*xs, op):

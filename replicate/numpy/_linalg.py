@@ -12,6 +12,7 @@ from ..errors import ReplicateError
 from ..graph.core import bind
 from ..graph.primitives import parse_einsum
 from ._base import as_array, promote
+from ._elementwise import multiply
 from ._reductions import max as reduce_max
 from ._reductions import mean
 from ._shape import concatenate, expand_dims, pad, reshape, squeeze
@@ -40,7 +41,25 @@ def matmul(a, b):
     return out
 
 
-dot = matmul
+def dot(a, b):
+    """Dot product with NumPy's semantics: ``matmul`` for 1-D and 2-D operands and for a 1-D or
+    2-D ``b``; otherwise a sum over the last axis of ``a`` and the second-to-last of ``b``, with
+    no batch broadcasting (``np.dot``, not ``np.matmul``); a 0-d operand multiplies.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.dot(rnp.ones((2, 3, 4)), rnp.ones((5, 4, 6))).shape
+    (2, 3, 5, 6)
+    """
+    a, b = promote(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        return multiply(a, b)
+    if a.ndim == 1 or b.ndim <= 2:
+        return matmul(a, b)
+    letters = iter("abcdefghijlmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # "k" is contracted
+    ta = "".join(next(letters) for _ in range(a.ndim - 1))
+    tb = "".join(next(letters) for _ in range(b.ndim - 2))
+    j = next(letters)
+    return einsum(f"{ta}k,{tb}k{j}->{ta}{tb}{j}", a, b)
 
 
 def einsum(subscripts, *operands):
@@ -113,11 +132,15 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    """Max pooling over NCHW windows (padding counts as -inf)."""
+    """Max pooling over NCHW windows (padding counts as -inf, or the lowest integer)."""
     x = as_array(x)
     kernel = _pair(kernel_size, "kernel_size")
+    if x.dtype.kind == "f":
+        lowest = -np.inf
+    else:
+        lowest = 0 if x.dtype.kind == "b" else np.iinfo(x.dtype).min
     cols, _ = _windows(x, kernel, _pair(stride or kernel_size, "stride"),
-                       _pair(padding, "padding"), (1, 1), pad_value=-np.inf)
+                       _pair(padding, "padding"), (1, 1), pad_value=lowest)
     return reduce_max(cols, axis=2)
 
 

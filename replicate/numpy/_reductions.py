@@ -6,7 +6,7 @@ import numpy as np
 
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, norm_axes
-from ._elementwise import divide, exp, log, multiply, sqrt, stop_gradient, subtract
+from ._elementwise import divide, exp, isfinite, log, multiply, sqrt, stop_gradient, subtract, where
 
 
 def _keep(out, x, axes, keepdims):
@@ -89,6 +89,7 @@ def logsumexp(x, axis=None, keepdims=False):
     """``log(sum(exp(x)))`` computed stably (the max is subtracted first)."""
     x = float_operand(x)
     m = stop_gradient(max(x, axis, keepdims=True))
+    m = where(isfinite(m), m, 0.0)  # an all -inf (or an inf) slice gives -inf (inf), not nan
     out = log(sum(exp(subtract(x, m)), axis, keepdims=True)) + m
     if keepdims:
         return out

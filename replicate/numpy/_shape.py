@@ -84,8 +84,16 @@ def transpose(x, axes=None):
     return bind("transpose", x, perm=perm)
 
 
+def _axis(a, ndim, what):
+    """``a`` as a non-negative axis of an ndim-array (NumPy's range check; no silent wrap)."""
+    a = int(a)
+    if not -ndim <= a < ndim:
+        raise ReplicateError(f"{what}: axis {a} is out of range for an array of rank {ndim}")
+    return a % ndim
+
+
 def norm_perm(axes, ndim):
-    perm = tuple(int(a) % ndim for a in axes)
+    perm = tuple(_axis(a, ndim, "transpose") for a in axes)
     if sorted(perm) != list(range(ndim)):
         raise ReplicateError(f"transpose: {tuple(axes)} is not a permutation of {ndim} axes")
     return perm
@@ -100,8 +108,9 @@ def swapaxes(x, a, b):
 
 def moveaxis(x, source, destination):
     x = as_array(x)
-    perm = [i for i in range(x.ndim) if i != source % x.ndim]
-    perm.insert(destination % x.ndim, source % x.ndim)
+    source, destination = _axis(source, x.ndim, "moveaxis"), _axis(destination, x.ndim, "moveaxis")
+    perm = [i for i in range(x.ndim) if i != source]
+    perm.insert(destination, source)
     return transpose(x, perm)
 
 
@@ -117,7 +126,9 @@ def expand_dims(x, axis):
     x = as_array(x)
     axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
     ndim = x.ndim + len(axes)
-    axes = sorted(a % ndim for a in axes)
+    axes = sorted(_axis(a, ndim, "expand_dims") for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ReplicateError(f"expand_dims: repeated axis in {axis}")
     shape = list(x.shape)
     for a in axes:
         shape.insert(a, 1)
@@ -196,7 +207,8 @@ def getitem(x, key):
         elif item is Ellipsis:
             spec.append(("ellipsis",))
         elif isinstance(item, slice):
-            parts = [None if v is None else _static_int(v) for v in (item.start, item.stop, item.step)]
+            bounds = (item.start, item.stop, item.step)
+            parts = [None if v is None else _static_int(v) for v in bounds]
             spec.append(("slice", *parts))
         elif isinstance(item, (numbers.Integral, np.integer)) and not isinstance(item, bool):
             spec.append(("int", int(item)))
@@ -236,7 +248,7 @@ def take(x, indices, axis=None):
 
 
 def take_along_axis(x, indices, axis):
-    """Pick ``x[..., indices[...], ...]`` along ``axis`` with matching other axes (NumPy semantics)."""
+    """Pick ``x[..., indices[...], ...]`` along ``axis``, other axes matched (NumPy semantics)."""
     x, indices = as_array(x), as_array(indices)
     (axis,) = norm_axes(axis, x.ndim)
     if indices.ndim != x.ndim:

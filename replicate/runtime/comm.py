@@ -7,6 +7,7 @@ run is reproducible and every rank ends with bit-identical results.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -77,7 +78,10 @@ class MPIComm:
         return self.comm.bcast(obj, root=root)
 
     def abort(self, code: int = 1):
+        sys.stdout.flush()
+        sys.stderr.flush()
         self.comm.Abort(code)
+        os._exit(code)  # MPICH's MPI_Abort may return: this rank must not go on running user code
 
 
 _world = None
@@ -96,6 +100,7 @@ def world():
                                   "pip install 'replicate[mpi]'") from e
             if comm.size > 1:
                 _world = comm
+                _abort_on_uncaught_exception(comm)
                 limit_blas_threads()
     return _world
 
@@ -116,3 +121,17 @@ def limit_blas_threads():
     except ImportError:
         return
     threadpool_limits(limits=threads, user_api="blas")
+
+
+def _abort_on_uncaught_exception(comm):
+    """An exception that ends one rank's script ends the whole job (its peers would otherwise wait
+    in their next collective forever). Errors that every rank raised (``consistent``) end each
+    rank normally instead, so every rank prints its message."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if not getattr(value, "consistent", False):
+            comm.abort(1)
+
+    sys.excepthook = hook

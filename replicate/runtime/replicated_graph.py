@@ -116,12 +116,15 @@ def check_schedules(comm, schedule, error):
     mine = (None if error is None else f"{type(error).__name__}: {error}",
             fingerprint(schedule), schedule)
     everyone = comm.allgather_obj(mine)
+    # From here on every rank reaches the same verdict from the same data: the errors are
+    # ``consistent`` (raised on every rank, so each can report it; no abort is needed).
     if error is not None:
+        error.consistent = True
         raise error
     failed = [(r, e) for r, (e, _, _) in enumerate(everyone) if e is not None]
     if failed:
         r, msg = failed[0]
-        raise ReplicateError(f"rank {r} failed to compile the step: {msg}")
+        raise _consistent(ReplicateError(f"rank {r} failed to compile the step: {msg}"))
     prints = {fp for _, fp, _ in everyone}
     if len(prints) == 1:
         return
@@ -130,9 +133,15 @@ def check_schedules(comm, schedule, error):
         column = [s[i] if i < len(s) else ("<none>", "-") for s in schedules]
         if len({c[0] for c in column}) > 1:
             lines = "\n".join(f"  rank {r}: {c[0]} at {c[1]}" for r, c in enumerate(column))
-            raise CollectiveMismatchError(
-                f"processes disagree about cross-process collective #{i}:\n{lines}")
-    raise CollectiveMismatchError("processes disagree about their collective schedule")
+            raise _consistent(CollectiveMismatchError(
+                f"processes disagree about cross-process collective #{i}:\n{lines}"))
+    raise _consistent(CollectiveMismatchError(
+        "processes disagree about their collective schedule"))
+
+
+def _consistent(error):
+    error.consistent = True
+    return error
 
 
 def _dump(title, graph):

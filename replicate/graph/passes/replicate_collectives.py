@@ -131,8 +131,11 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Gr
             seq = node.attrs["seq"]
             if seq not in lowered:
                 members = groups[seq]
+                start = len(rb.trace.nodes)
                 lowered[seq] = _lower_group(members, [rb.get(m.inputs[0]) for m in members],
                                             k, n, rank)
+                for new in rb.trace.nodes[start:]:  # errors must name the user's line, not ours
+                    new.where = members[0].where
                 for m, value in zip(members, lowered[seq]):
                     rb.subst[m.out.id] = value
     return rb.finish()
