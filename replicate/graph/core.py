@@ -10,15 +10,14 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import ReplicateError, TracerConversionError, source_line, user_frame
 
 
-@dataclass(frozen=True)
-class AVal:
+class AVal(NamedTuple):
     """Abstract value: what the IR knows about an array before it exists."""
 
     shape: tuple
@@ -188,11 +187,25 @@ def concrete(value, dtype=None) -> Array:
     return Array(AVal(tuple(value.shape), value.dtype), value=value)
 
 
+_tables: dict = {}
+
+
+def _load_tables():
+    from ..backends.numpy_impl import IMPL
+    from .primitives import REGISTRY
+
+    _tables.update(registry=REGISTRY, impl=IMPL)
+
+
 def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
     """Apply a primitive: record a node in the active trace, or compute it now (eager)."""
-    from . import primitives
+    if not _tables:
+        _load_tables()
+    spec = _tables["registry"].get(prim)
+    if spec is None:
+        from .primitives import get
 
-    spec = primitives.get(prim)
+        spec = get(prim)  # raises MissingRuleError
     avals = [x.aval for x in inputs]
     try:
         aval = spec.shape_rule(*avals, **attrs)
@@ -202,7 +215,7 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         loc = source_line(user_frame())
         shapes = ", ".join(str(a) for a in avals)
         raise ReplicateError(f"{prim}({shapes}) at {loc}: {e}") from None
-    trace = current_trace()
+    trace = getattr(_local, "trace", None)
     if trace is not None:
         inputs = tuple(trace.lift(x) for x in inputs)
         node = Node(prim, inputs, attrs, user_frame())
@@ -210,15 +223,14 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         node.out = out
         trace.record(node)
         return out
-    for x in inputs:
-        if x.symbolic:
-            raise ReplicateError(
-                f"a traced value escaped its trace and was used at {source_line(user_frame())}; "
-                "return it from the traced function instead")
-    from ..backends.numpy_impl import IMPL
-
-    value = IMPL[prim](*[x.value for x in inputs], **attrs)
-    value = np.asarray(value)
+    values = [x.value for x in inputs]
+    if any(v is None for v in values):
+        raise ReplicateError(
+            f"a traced value escaped its trace and was used at {source_line(user_frame())}; "
+            "return it from the traced function instead")
+    value = _tables["impl"][prim](*values, **attrs)
+    if type(value) is not np.ndarray:
+        value = np.asarray(value)
     if value.dtype != aval.dtype:
         value = value.astype(aval.dtype)
     node = Node(prim, tuple(inputs), attrs)

@@ -65,6 +65,9 @@ def _unary_float(a, **_):
 
 
 def _broadcast(*avals):
+    first = avals[0].shape
+    if all(a.shape == first for a in avals):
+        return first
     try:
         return tuple(np.broadcast_shapes(*[a.shape for a in avals]))
     except ValueError:
@@ -73,6 +76,9 @@ def _broadcast(*avals):
 
 
 def _same_dtype(*avals):
+    first = avals[0].dtype
+    if all(a.dtype == first for a in avals):
+        return first
     dtypes = {np.dtype(a.dtype) for a in avals}
     if len(dtypes) != 1:
         raise ShapeError(f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")

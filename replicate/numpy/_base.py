@@ -47,6 +47,10 @@ def result_dtype(*xs):
 
 def promote(*xs, floating=False):
     """Convert operands to Arrays of one common dtype (NumPy promotion, weak Python scalars)."""
+    if len(xs) == 2 and type(xs[0]) is Array and type(xs[1]) is Array \
+            and xs[0].aval.dtype == xs[1].aval.dtype \
+            and (not floating or is_float(xs[0].aval.dtype)):
+        return list(xs)  # the common case, kept cheap for eager mode
     dtype = result_dtype(*xs)
     if floating and not is_float(dtype):
         dtype = np.dtype(np.float64)
