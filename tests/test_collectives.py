@@ -48,7 +48,7 @@ def test_collective_forward_and_gradient_eager_one_replica(kind, attrs):
     np.testing.assert_allclose(G, cc.ref_grad(kind, attrs, X, C), rtol=RTOL, atol=ATOL)
 
 
-# -- the reference itself: the hand-written gradients are those of the forward semantics ----------
+# -- the reference itself: the hand-written gradients are those of the forward semantics -----------
 def _numeric_grad(f, X, eps=1e-6):
     """Central differences of the scalar f(X) w.r.t. every element of X."""
     G = np.zeros_like(X)
@@ -70,7 +70,7 @@ def test_reference_gradient_matches_finite_differences(kind, attrs):
     np.testing.assert_allclose(cc.ref_grad(kind, attrs, X, C), numeric, rtol=1e-7, atol=1e-7)
 
 
-# -- compositions, nests, dtypes, variables ---------------------------------------------------------
+# -- compositions, nests, dtypes, variables --------------------------------------------------------
 def _run(step_fn, batches, k, steps=1, outputs="per_replica"):
     def input_fn(ctx):
         while True:
@@ -89,8 +89,8 @@ def test_composed_collectives_gradient_matches_finite_differences(k):
 
     def numpy_total(Z):
         g = cc.ref_forward("all_gather", {"axis": 0, "tiled": True}, Z)  # (k, 6k, 3)
-        s = cc.ref_forward("all_reduce", {"op": "mean"}, np.sin(g) * np.arange(1, k + 1)[:, None,
-                                                                                         None])
+        weights = np.arange(1, k + 1)[:, None, None]  # replica_id() + 1
+        s = cc.ref_forward("all_reduce", {"op": "mean"}, np.sin(g) * weights)
         p = cc.ref_forward("permute", {"shift": 1}, s * Z.sum(axis=(1, 2))[:, None, None])
         return (C * p).sum()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -80,6 +81,7 @@ class MPIComm:
     def abort(self, code: int = 1):
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(0.5)  # let mpiexec forward this rank's last words before the abort kills all
         self.comm.Abort(code)
         os._exit(code)  # MPICH's MPI_Abort may return: this rank must not go on running user code
 

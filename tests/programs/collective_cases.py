@@ -12,7 +12,7 @@ import numpy as np
 
 import replicate as rp
 
-SHAPE = (6, 12)  # per replica; both axes divisible by 1, 2, 3 and 4 replicas (reduce_scatter)
+SHAPE = (12, 24)  # per replica; both axes divisible by 1, 2, 3 and 4 replicas (reduce_scatter)
 
 
 def cases(R: int) -> list[tuple[str, str, dict]]:
