@@ -6,21 +6,22 @@
 12.0
 """
 
-from . import numpy  # noqa: F401  (installs the array operators)
+from . import (
+                     nn,
+                     numpy,  # noqa: F401  (installs the array operators)
+                     optim,
+)
+from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond
-from .errors import (CollectiveMismatchError, ReplicateError, ShapeError,
-                     TracerConversionError)
+from .errors import CollectiveMismatchError, ReplicateError, ShapeError, TracerConversionError
 from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
-from .state import Variable
-from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
-from . import nn, optim
 from .optim import wrap_optimizer
-from .runtime import Replicator
-from .runtime import callbacks, checkpoint, data
+from .runtime import Replicator, callbacks, checkpoint, data
 from .runtime.data import shard_batches
+from .state import Variable
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,6 @@ __all__ = [
     "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
-    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer", "data", "callbacks", "checkpoint",
-    "shard_batches",
+    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
+    "data", "callbacks", "checkpoint", "shard_batches",
 ]

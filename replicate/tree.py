@@ -56,7 +56,7 @@ def tree_map(fn: Callable, nest: Any, *rest: Any) -> Any:
     """Apply fn leaf-wise over one or more nests of the same structure."""
     leaves, treedef = flatten(nest)
     others = [flatten(r) for r in rest]
-    for other_leaves, other_def in others:
+    for _, other_def in others:
         if other_def != treedef:
             from .errors import ReplicateError
 

@@ -3,7 +3,8 @@
 The contract (one screen): a backend module provides
 
 * ``name``: str
-* ``compile(graph) -> Executable`` where ``Executable(inputs: list[np.ndarray]) -> list[np.ndarray]``
+* ``compile(graph) -> Executable``, where
+  ``Executable(inputs: list[np.ndarray]) -> list[np.ndarray]``
 
 ``numpy`` is the reference and always present.
 """

@@ -25,7 +25,8 @@ def _rsqrt(x):
 
 def _logistic(x):
     # numerically stable for large |x|
-    return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def _getitem(x, *idx, index):

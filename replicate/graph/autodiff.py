@@ -26,7 +26,7 @@ def _as_target(x) -> Array:
 
 
 def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
-    """Arrays reachable backwards from y, in topological order, and which ones depend on a target."""
+    """Arrays reachable backwards from y in topological order, and which depend on a target."""
     order, relevant, seen = [], {}, set()
     stack = [(y, False)]
     while stack:

@@ -134,7 +134,7 @@ def _register_impls():
     IMPL["mpi_broadcast"] = lambda x, root, **_: _comm().bcast(x, root)
 
 
-# -- VJP of the placeholder: expressed with collectives again ----------------------------------------
+# -- VJP of the placeholder: expressed with collectives again -------------------------------------
 def _collective_vjp(g, out, needs, x, *, kind, num_replicas, replica, op="sum", axis=0,
                     tiled=False, root=0, shift=0, seq=0):
     from .. import collectives as C

@@ -1,8 +1,8 @@
 """The IR: typed values (``Array``), nodes, graphs, and ``bind``, the one entry point of every op.
 
 An ``Array`` is either *concrete* (eager mode: it holds a NumPy value) or *symbolic* (graph mode:
-it belongs to a ``Trace`` and only has a shape and dtype). Either way ``array.node`` is the node that
-produced it, so the same graph walk serves as the eager tape and as the traced program.
+it belongs to a ``Trace`` and only has a shape and dtype). Either way ``array.node`` is the node
+that produced it, so the same graph walk serves as the eager tape and as the traced program.
 """
 
 from __future__ import annotations
@@ -109,10 +109,11 @@ class Array:
             loc = source_line(user_frame())
             raise TracerConversionError(
                 f"{what} of a traced value at {loc}\n"
-                f"  In graph mode (define-and-run) values are symbolic while the step is traced, so "
-                f"Python cannot branch on them or convert them.\n"
-                f"  Use rnp.where(cond, a, b) or rp.cond(pred, true_fn, false_fn, ...) for a traced "
-                f"choice, or run this step in eager mode (mode='eager') for Python control flow.")
+                f"  In graph mode (define-and-run) values are symbolic while the step is traced, "
+                f"so Python cannot branch on them or convert them.\n"
+                f"  Use rnp.where(cond, a, b) or rp.cond(pred, true_fn, false_fn, ...) for a "
+                f"traced choice, or run this step in eager mode (mode='eager') for Python "
+                f"control flow.")
 
     def __bool__(self):
         self._need_concrete("bool()")

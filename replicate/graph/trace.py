@@ -12,8 +12,8 @@ import contextlib
 
 import numpy as np
 
-from ..errors import ReplicateError
 from .. import tree
+from ..errors import ReplicateError
 from .core import Array, AVal, Graph, Node, set_trace
 
 

@@ -1,4 +1,4 @@
-"""Build the compiled step of one process: k replica subgraphs, collectives rewritten, updates merged.
+"""Compile one process's step: k replica subgraphs, collectives rewritten, updates merged.
 
 1. trace ``step_fn`` once per local replica into one trace (variables are shared inputs; each
    replica's updates are kept apart);
