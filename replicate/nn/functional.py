@@ -19,7 +19,8 @@ def leaky_relu(x, negative_slope=0.01):
 def gelu(x):
     """GELU, tanh approximation (as in BERT/GPT-2)."""
     x = rnp.as_array(x)
-    return 0.5 * x * (1.0 + rnp.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))
+    c = float(np.sqrt(2.0 / np.pi))  # a Python float is weak: float32 stays float32
+    return 0.5 * x * (1.0 + rnp.tanh(c * (x + 0.044715 * x * x * x)))
 
 
 tanh = rnp.tanh

@@ -41,12 +41,17 @@ class Module:
         object.__setattr__(self, name, value)
         self._buffers[name] = value
 
-    def _named(self, kind, prefix=""):
+    def _named(self, kind, prefix="", seen=None):
+        # a variable reachable under several names (a shared sub-module, weight tying) is listed
+        # once, under the first name, so an optimiser updates it once per step
+        seen = set() if seen is None else seen
         out = {}
         for name, var in getattr(self, kind).items():
-            out[prefix + name] = var
+            if id(var) not in seen:
+                seen.add(id(var))
+                out[prefix + name] = var
         for name, child in self._children.items():
-            out.update(child._named(kind, f"{prefix}{name}."))
+            out.update(child._named(kind, f"{prefix}{name}.", seen))
         return out
 
     def parameters(self) -> dict:

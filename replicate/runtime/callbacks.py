@@ -29,8 +29,8 @@ def scalars(outputs) -> dict:
                 walk(v, f"{prefix}{i}.")
         else:
             a = np.asarray(x)
-            if a.size == 1:
-                out[prefix.rstrip(".") or "value"] = float(a)
+            if a.size == 1:  # also (1,)-shaped leaves, e.g. per-replica outputs of 1 replica
+                out[prefix.rstrip(".") or "value"] = float(a.reshape(()))
 
     walk(outputs, "")
     return out
@@ -61,6 +61,8 @@ class Checkpoint:
         path = self.pattern.format(step=step)
         checkpoint.save(path, self.state, step=step, comm=rep.comm)
         if rep.rank == 0:
+            if path in self.written:  # a fixed name ("last.npz") was just overwritten: keep it
+                self.written.remove(path)
             self.written.append(path)
             while self.keep and len(self.written) > self.keep:
                 old = self.written.pop(0)

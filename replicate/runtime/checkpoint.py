@@ -55,6 +55,12 @@ def named_variables(state) -> dict:
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
 def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -> None:
     """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``."""
     comm = comm or world()
@@ -67,6 +73,8 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes it 0600; give it a plain file's mode
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
             f.flush()
