@@ -216,9 +216,9 @@ def test_classifier_reaches_target_accuracy(tmp_path):
 
 
 @_slow
-@pytest.mark.parametrize("variant", ["gan", "wgan-gp"])
-def test_gan_covers_all_modes(tmp_path, variant):
-    out = launch("gan.py", tmp_path, "--variant", variant)
+def test_gan_covers_all_modes(tmp_path):
+    # the targets are for the default GAN; the WGAN-GP variant is checked to train (fast tests)
+    out = launch("gan.py", tmp_path, "--variant", "gan")
     covered, share = parse(r"modes covered:\s*(\d+)\s*/\s*8.*?within 3 sigma of a mode:\s*"
                            r"([0-9.]+)\s*%", out)
     assert int(covered) == 8, out
