@@ -23,7 +23,7 @@ import replicate as rp
 import replicate.numpy as rnp
 from replicate.runtime.comm import world
 
-RADIUS, SIGMA, NOISE = 2.0, 0.02, 16
+RADIUS, SIGMA = 2.0, 0.02
 MODES = np.array([[RADIUS * np.cos(a), RADIUS * np.sin(a)]
                   for a in np.linspace(0, 2 * np.pi, 8, endpoint=False)], np.float32)
 
@@ -40,47 +40,60 @@ def mode_metrics(samples):
     return covered, float(near.any(1).mean())
 
 
-def build(variant, seed=0):
+def build(variant, noise=4, pac=1, seed=0):
     rng = np.random.default_rng(seed)
     norm = (lambda n: rp.nn.BatchNorm(n, cross_replica=True)) if variant == "gan" else \
         (lambda n: rp.nn.LayerNorm(n))
-    gen = rp.nn.Sequential(rp.nn.Linear(NOISE, 128, rng=rng), norm(128), rp.nn.relu,
+    gen = rp.nn.Sequential(rp.nn.Linear(noise, 128, rng=rng), norm(128), rp.nn.relu,
                            rp.nn.Linear(128, 128, rng=rng), norm(128), rp.nn.relu,
                            rp.nn.Linear(128, 2, rng=rng))
-    disc = rp.nn.Sequential(rp.nn.Linear(2, 128, rng=rng), rp.nn.leaky_relu,
+    disc = rp.nn.Sequential(rp.nn.Linear(2 * pac, 128, rng=rng), rp.nn.leaky_relu,
                             rp.nn.Linear(128, 128, rng=rng), rp.nn.leaky_relu,
                             rp.nn.Linear(128, 1, rng=rng))
     return gen, disc
 
 
-def make_step(variant, gen, disc, lr):
+def make_step(variant, gen, disc, lr, pac=1):
     g_opt = rp.wrap_optimizer(rp.optim.Adam(gen.parameters(), lr=lr, b1=0.5, b2=0.9))
     d_opt = rp.wrap_optimizer(rp.optim.Adam(disc.parameters(), lr=lr, b1=0.5, b2=0.9))
     bce = rp.nn.sigmoid_binary_cross_entropy
 
+    def packed(x):  # PacGAN: the discriminator judges `pac` samples of one kind at once
+        return rnp.reshape(x, (x.shape[0] // pac, 2 * pac))
+
     def gan_step(batch):
         real, z_d, z_g, _ = batch
         fake = rnp.stop_gradient(gen(z_d))
-        d_loss = bce(disc(real), 1.0).mean() + bce(disc(fake), 0.0).mean()
+        d_loss = bce(disc(packed(real)), 1.0).mean() + bce(disc(packed(fake)), 0.0).mean()
         d_opt.apply(rp.grad(d_loss, disc.parameters()))
-        g_loss = bce(disc(gen(z_g)), 1.0).mean()  # non-saturating generator loss
+        g_loss = bce(disc(packed(gen(z_g))), 1.0).mean()  # non-saturating generator loss
         g_opt.apply(rp.grad(g_loss, gen.parameters()))
         return {"d_loss": d_loss, "g_loss": g_loss}
 
     def wgan_gp_step(batch):
         real, z_d, z_g, eps = batch
         fake = rnp.stop_gradient(gen(z_d))
-        x_hat = eps * real + (1.0 - eps) * fake
+        x_hat = packed(eps * real + (1.0 - eps) * fake)
         critic_grad = rp.grad(disc(x_hat).sum(), x_hat)              # d critic / d x_hat
         norm = rnp.sqrt(rnp.sum(critic_grad * critic_grad, axis=-1) + 1e-12)
         penalty = ((norm - 1.0) ** 2).mean()
-        d_loss = disc(fake).mean() - disc(real).mean() + 10.0 * penalty
+        d_loss = disc(packed(fake)).mean() - disc(packed(real)).mean() + 10.0 * penalty
         d_opt.apply(rp.grad(d_loss, disc.parameters()))               # grad of a grad
-        g_loss = -disc(gen(z_g)).mean()
+        g_loss = -disc(packed(gen(z_g))).mean()
         g_opt.apply(rp.grad(g_loss, gen.parameters()))
         return {"d_loss": d_loss, "g_loss": g_loss, "penalty": penalty}
 
     return gan_step if variant == "gan" else wgan_gp_step
+
+
+def linear_decay(base_lr, steps, decay=1.0):
+    """``base_lr`` decaying linearly to ``base_lr * (1 - decay)`` at step ``steps``."""
+
+    def schedule(step):  # the optimiser's step counts from 1
+        frac = rnp.minimum(rnp.cast(step - 1, np.float32) / float(max(steps, 1)), 1.0)
+        return base_lr * (1.0 - decay * frac)
+
+    return schedule
 
 
 def main(argv=None):
@@ -88,22 +101,31 @@ def main(argv=None):
     ap.add_argument("--variant", default="gan", choices=["gan", "wgan-gp"])
     ap.add_argument("--mode", default="graph", choices=["graph", "eager"])
     ap.add_argument("--replicas-per-rank", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=64, help="per replica")
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-size", type=int, default=256, help="per replica")
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr-decay", type=float, default=1.0,
+                    help="the learning rate decays linearly to lr * (1 - lr_decay) at the end")
+    ap.add_argument("--pac", type=int, default=4,
+                    help="samples the discriminator judges together (PacGAN); 1 = plain")
+    ap.add_argument("--noise-dim", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="gan.png")
     args = ap.parse_args(argv)
     k = 1 if args.mode == "eager" else args.replicas_per_rank
+    if args.batch_size % args.pac:
+        ap.error("--batch-size must be a multiple of --pac")
 
-    gen, disc = build(args.variant)
-    step_fn = make_step(args.variant, gen, disc, args.lr)
+    gen, disc = build(args.variant, args.noise_dim, args.pac, seed=args.seed)
+    lr = linear_decay(args.lr, args.steps, args.lr_decay) if args.lr_decay else args.lr
+    step_fn = make_step(args.variant, gen, disc, lr, args.pac)
 
     def input_fn(ctx):
-        rng = np.random.default_rng([7, ctx.replica_id])
+        rng = np.random.default_rng([7 + args.seed, ctx.replica_id])
         b = args.batch_size
         while True:
-            yield (sample_real(rng, b), rng.normal(size=(b, NOISE)).astype(np.float32),
-                   rng.normal(size=(b, NOISE)).astype(np.float32),
+            yield (sample_real(rng, b), rng.normal(size=(b, args.noise_dim)).astype(np.float32),
+                   rng.normal(size=(b, args.noise_dim)).astype(np.float32),
                    rng.uniform(size=(b, 1)).astype(np.float32))
 
     rep = rp.Replicator(input_fn, step_fn, mode=args.mode, replicas_per_rank=k)
@@ -112,7 +134,7 @@ def main(argv=None):
     elapsed = time.perf_counter() - start
 
     gen.eval()
-    z = np.random.default_rng(123).normal(size=(10_000, NOISE)).astype(np.float32)
+    z = np.random.default_rng(123).normal(size=(10_000, args.noise_dim)).astype(np.float32)
     samples = np.asarray(rp.function(gen)(z))
     covered, quality = mode_metrics(samples)
     if world().rank == 0:
