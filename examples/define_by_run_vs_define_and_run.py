@@ -25,6 +25,12 @@ import replicate as rp
 import replicate.numpy as rnp
 
 
+def _small_init(shape, rng=None, dtype=np.float32):
+    # residual branches start small (not exactly zero: all-zero weights make the first steps
+    # crawl through subnormal floating-point numbers on the CPU)
+    return rp.nn.init.glorot_uniform(shape, rng=rng, dtype=dtype) * 0.1
+
+
 class StochasticDepthNet(rp.nn.Module):
     def __init__(self, width=128, blocks=8, survival_last=0.5, seed=0):
         super().__init__()
@@ -34,7 +40,7 @@ class StochasticDepthNet(rp.nn.Module):
         for i in range(blocks):
             block = rp.nn.Sequential(rp.nn.Linear(width, width, rng=rng), rp.nn.relu,
                                      rp.nn.Linear(width, width, rng=rng,
-                                                  init_fn=rp.nn.init.zeros))  # identity at start
+                                                  init_fn=_small_init))  # near-identity at start
             setattr(self, f"block{i}", block)
             self.blocks.append(block)
         self.head = rp.nn.Linear(width, 10, rng=rng)
