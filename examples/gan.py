@@ -10,6 +10,17 @@ gradient (grad-of-grad, traced in graph mode).
 
 Reports the modes covered (a mode counts when >= 1 % of 10 000 samples fall within 3 sigma of it)
 and the share of samples within 3 sigma of some mode; plots real vs generated samples (gan.png).
+The ring has radius 2 and sigma 0.02 (as in VEEGAN / PacGAN), so "within 3 sigma" means within
+0.06 of a mode centre.
+
+What makes the plain (non-saturating) GAN cover the ring instead of collapsing onto 2 modes:
+the discriminator judges 4 samples at once (PacGAN, Lin et al. 2018: ``--pac``), a global batch
+of 1024 (256 per replica), a 4-dimensional noise and a generator with 3 hidden layers, and Adam
+(lr 2e-3, betas 0.5/0.9) decaying linearly to 0 over 6000 steps, which sharpens the modes at the
+end. With these defaults, 2 processes x 2 replicas: 8/8 modes and 93.5 % of the samples within
+3 sigma (seeds 1 and 2: 91.1 % and 90.4 %), about 2 minutes of training on 2 cores. WGAN-GP with
+the same recipe: 8/8 modes, 82.5 % (seed 1: 82.3 %); with ``--gen-norm layer`` 6/8, 29 %.
+Samples are drawn in eval mode (BatchNorm with its running statistics).
 """
 
 from __future__ import annotations
@@ -40,13 +51,18 @@ def mode_metrics(samples):
     return covered, float(near.any(1).mean())
 
 
-def build(variant, noise=4, pac=1, seed=0):
+def build(noise=4, pac=1, hidden_layers=3, gen_norm="batch", seed=0):
+    """Generator: ``hidden_layers`` x (Linear 128, norm, ReLU), Linear 2, the norm cross-replica
+    BatchNorm (or LayerNorm). Discriminator / critic (no normalisation, as WGAN-GP requires):
+    2 x (Linear 128, leaky ReLU), Linear 1, on ``pac`` samples at once."""
     rng = np.random.default_rng(seed)
-    norm = (lambda n: rp.nn.BatchNorm(n, cross_replica=True)) if variant == "gan" else \
+    norm = (lambda n: rp.nn.BatchNorm(n, cross_replica=True)) if gen_norm == "batch" else \
         (lambda n: rp.nn.LayerNorm(n))
-    gen = rp.nn.Sequential(rp.nn.Linear(noise, 128, rng=rng), norm(128), rp.nn.relu,
-                           rp.nn.Linear(128, 128, rng=rng), norm(128), rp.nn.relu,
-                           rp.nn.Linear(128, 2, rng=rng))
+    layers, width = [], noise
+    for _ in range(hidden_layers):
+        layers += [rp.nn.Linear(width, 128, rng=rng), norm(128), rp.nn.relu]
+        width = 128
+    gen = rp.nn.Sequential(*layers, rp.nn.Linear(width, 2, rng=rng))
     disc = rp.nn.Sequential(rp.nn.Linear(2 * pac, 128, rng=rng), rp.nn.leaky_relu,
                             rp.nn.Linear(128, 128, rng=rng), rp.nn.leaky_relu,
                             rp.nn.Linear(128, 1, rng=rng))
@@ -109,6 +125,9 @@ def main(argv=None):
     ap.add_argument("--pac", type=int, default=4,
                     help="samples the discriminator judges together (PacGAN); 1 = plain")
     ap.add_argument("--noise-dim", type=int, default=4)
+    ap.add_argument("--gen-layers", type=int, default=3, help="hidden layers of the generator")
+    ap.add_argument("--gen-norm", default="batch", choices=["batch", "layer"],
+                    help="generator normalisation: cross-replica BatchNorm or LayerNorm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="gan.png")
     args = ap.parse_args(argv)
@@ -116,7 +135,7 @@ def main(argv=None):
     if args.batch_size % args.pac:
         ap.error("--batch-size must be a multiple of --pac")
 
-    gen, disc = build(args.variant, args.noise_dim, args.pac, seed=args.seed)
+    gen, disc = build(args.noise_dim, args.pac, args.gen_layers, args.gen_norm, seed=args.seed)
     lr = linear_decay(args.lr, args.steps, args.lr_decay) if args.lr_decay else args.lr
     step_fn = make_step(args.variant, gen, disc, lr, args.pac)
 
