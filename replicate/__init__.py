@@ -7,11 +7,12 @@
 """
 
 from . import (
-                     nn,
-                     numpy,  # noqa: F401  (installs the array operators)
-                     optim,
+    nn,
+    numpy,  # noqa: F401  (installs the array operators)
+    optim,
 )
 from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
+from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond
 from .errors import CollectiveMismatchError, ReplicateError, ShapeError, TracerConversionError
@@ -26,7 +27,8 @@ from .state import Variable
 __version__ = "0.1.0"
 
 __all__ = [
-    "Array", "CollectiveMismatchError", "Function", "Graph", "ReplicaContext", "ReplicateError",
+    "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",
+    "ReplicateError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",

@@ -15,12 +15,11 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from . import tree
 from .backends import get_backend
+from .compiler import CompileOptions, compile_graph, debug_enabled
 from .errors import ReplicateError
 from .graph.core import Array
 from .graph.passes import dce
@@ -45,23 +44,20 @@ def to_numpy(x):
     return np.asarray(x)
 
 
-def debug_enabled(flag: str) -> bool:
-    return flag in os.environ.get("REPLICATE_DEBUG", "").split(",")
-
-
 class _Compiled:
-    def __init__(self, graph, backend):
+    def __init__(self, graph, backend, options):
         self.graph = graph
-        self.run = backend.compile(graph)
+        self.run = compile_graph(graph, backend, options)
 
 
 class Function:
     """A step function with a mode and a backend; see :func:`function`."""
 
-    def __init__(self, fn, mode="graph", backend="numpy"):
+    def __init__(self, fn, mode="graph", backend="numpy", options=None):
         self.fn = fn
         self.mode = check_mode(mode)
         self.backend = get_backend(backend)
+        self.options = as_options(options)
         self.cache: dict = {}
         self.trace_count = 0
 
@@ -91,18 +87,42 @@ class Function:
         graph = dce(graph)
         if debug_enabled("ir"):
             print(f"# {getattr(self.fn, '__name__', 'fn')} after trace + dce\n{graph}")
-        return _Compiled(graph, self.backend)
+        return _Compiled(graph, self.backend, self.options)
 
-    def graph(self, *args):
-        """The traced (and dead-code-eliminated) graph for these arguments."""
+    def _entry(self, args):
         key = signature(args)
         if key not in self.cache:
             self.cache[key] = self._compile(args)
-        return self.cache[key].graph
+        return self.cache[key]
+
+    def graph(self, *args):
+        """The traced (and dead-code-eliminated) graph for these arguments."""
+        return self._entry(args).graph
+
+    def executable(self, *args):
+        """The compiled form for these arguments (``.graph`` after the backend's passes,
+        ``.kernels``)."""
+        return self._entry(args).run
 
 
-def function(fn=None, *, mode="graph", backend="numpy"):
-    """Wrap ``fn`` so it runs in graph mode (default) or eager mode; usable as a decorator."""
+def as_options(options) -> CompileOptions:
+    if options is None:
+        return CompileOptions()
+    if isinstance(options, CompileOptions):
+        return options
+    if isinstance(options, dict):
+        try:
+            return CompileOptions(**options)
+        except TypeError as e:
+            raise ReplicateError(f"bad compile options: {e}") from None
+    raise ReplicateError(f"options must be a dict or rp.CompileOptions, got {type(options)}")
+
+
+def function(fn=None, *, mode="graph", backend="numpy", options=None):
+    """Wrap ``fn`` so it runs in graph mode (default) or eager mode; usable as a decorator.
+
+    ``backend``: ``"numpy"`` (default), ``"jax"``, ``"cupy"`` where installed; ``options``: a
+    dict or :class:`rp.CompileOptions` for the optimisation pipeline."""
     if fn is None:
-        return lambda f: Function(f, mode, backend)
-    return Function(fn, mode, backend)
+        return lambda f: Function(f, mode, backend, options)
+    return Function(fn, mode, backend, options)

@@ -7,9 +7,10 @@ import numpy as np
 from .numpy_impl import IMPL
 
 name = "numpy"
+passes = ("dce", "cse")
 
 
-def compile(graph):
+def lower(graph):
     """Return ``run(inputs) -> outputs`` for ``graph`` (inputs/outputs are NumPy arrays)."""
     slot = {}
     for x in graph.inputs:

@@ -1,8 +1,19 @@
 """``replicate.nn``: modules with named parameters, layers, activations and losses."""
 
 from . import init
-from .functional import (gelu, huber, leaky_relu, log_softmax, mse, relu, sigmoid,
-                         sigmoid_binary_cross_entropy, softmax, softmax_cross_entropy, tanh)
+from .functional import (
+                         gelu,
+                         huber,
+                         leaky_relu,
+                         log_softmax,
+                         mse,
+                         relu,
+                         sigmoid,
+                         sigmoid_binary_cross_entropy,
+                         softmax,
+                         softmax_cross_entropy,
+                         tanh,
+)
 from .layers import BatchNorm, Conv2d, Dropout, Embedding, Flatten, LayerNorm, Linear
 from .module import Module, Sequential
 

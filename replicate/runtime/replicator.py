@@ -10,9 +10,10 @@ import numpy as np
 
 from .. import state, tree
 from ..backends import get_backend
+from ..compiler import compile_graph
 from ..context import ReplicaContext, replica_scope
 from ..errors import CollectiveMismatchError, ReplicateError
-from ..function import check_mode, to_numpy
+from ..function import as_options, check_mode, to_numpy
 from ..graph.trace import signature
 from .comm import world
 from .replicated_graph import check_schedules, collective_schedule, compile_replicated
@@ -49,7 +50,7 @@ class Replicator:
     """
 
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
-                 replicas_per_rank: int = 1, outputs: str = "mean", comm=None):
+                 replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None):
         if not callable(input_fn) or not callable(step_fn):
             raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
         if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
@@ -64,6 +65,7 @@ class Replicator:
                 "replicas_per_rank=1 and more processes (mpiexec -n N), or graph mode for "
                 "several replicas per process")
         self.backend = get_backend(backend)
+        self.options = as_options(options)
         self.input_fn, self.step_fn = input_fn, step_fn
         self.k = int(replicas_per_rank)
         self.outputs = outputs
@@ -216,13 +218,19 @@ class Replicator:
         except ReplicateError as e:
             error = e
         check_schedules(self.comm, collective_schedule(graph) if graph else [], error)
-        return graph, self.backend.compile(graph)
+        return graph, compile_graph(graph, self.backend, self.options)
 
     def compiled_graph(self):
         """The most recently compiled step graph (for inspection and printing)."""
         if not self.cache:
             raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
         return list(self.cache.values())[-1][0]
+
+    def executable(self):
+        """The most recently compiled step as the backend runs it (``.graph`` after the
+        optimisation passes, ``.kernels``)."""
+        self.compiled_graph()
+        return list(self.cache.values())[-1][1]
 
     # -- outputs --------------------------------------------------------------------------------
     def _reduce_outputs(self, results):
