@@ -50,7 +50,7 @@ def test_primitive_entries(name):
     assert prim.name == name
     assert prim.kind in {primitives.ELEMENTWISE, primitives.REDUCTION, primitives.STRUCTURAL,
                          primitives.CONTRACTION, primitives.RANDOM, primitives.SOURCE,
-                         primitives.COLLECTIVE}
+                         primitives.COLLECTIVE, primitives.FUSED}
     assert callable(prim.shape_rule)
     assert callable(IMPL.get(name)), f"no numpy rule for {name}"
     if prim.differentiable:

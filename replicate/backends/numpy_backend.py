@@ -1,26 +1,146 @@
-"""The NumPy backend: run a graph node by node with the reference implementations."""
+"""The NumPy backend: the reference, and the embedded default.
+
+``lower`` turns the optimised graph into a flat list of steps run by one loop. Fused groups,
+elementwise ops, reductions and matmuls write into buffers that the memory plan
+(``passes/memory.py``) allocated once, with ``out=`` — inside a fused group too, where the
+intermediate values of a chain share a scratch buffer in place — so a step makes no per-op
+temporaries where NumPy allows it. Everything else calls the reference table ``IMPL``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..compiler import Executable
+from ..graph.passes.memory import plan_memory
+from ..graph.primitives import COLLECTIVE, REGISTRY
 from .numpy_impl import IMPL
 
 name = "numpy"
-passes = ("dce", "cse")
+passes = ("const_fold", "cse", "dce", "bucketing", "fusion", "memory")
+
+
+def _rsqrt(x, out):
+    np.sqrt(x, out=out)
+    return np.divide(1.0, out, out=out)
+
+
+def _select(c, a, b, out):
+    # safe when ``out`` is ``a`` or ``b`` (the memory plan may write in place)
+    np.copyto(out, a, where=c)
+    np.copyto(out, b, where=np.logical_not(c))
+    return out
+
+
+def _cast(x, out, dtype):
+    np.copyto(out, x, casting="unsafe")
+    return out
+
+
+def _div(a, b, out):
+    if out.dtype.kind == "f":
+        return np.true_divide(a, b, out=out)
+    return np.floor_divide(a, b, out=out)
+
+
+def _reduction(ufunc):
+    def run(x, out, axes):
+        return ufunc.reduce(x, axis=axes, out=out)
+    return run
+
+
+# elementwise primitives that can write into a given buffer: fn(*inputs, out=buffer, **attrs)
+OUT_UFUNCS = {
+    "neg": np.negative, "abs": np.absolute, "sign": np.sign, "exp": np.exp, "log": np.log,
+    "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin,
+    "cos": np.cos, "add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal,
+    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_not": np.logical_not,
+    "rsqrt": _rsqrt, "select": _select, "cast": _cast, "div": _div,
+}
+OUT_OTHER = {
+    "reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
+    "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum),
+    "matmul": lambda a, b, out: np.matmul(a, b, out=out),
+}
+
+
+def _out_fn(node):
+    fn = OUT_UFUNCS.get(node.prim) or OUT_OTHER.get(node.prim)
+    if fn is None:
+        return None
+    attrs = node.attrs
+    if attrs:
+        return lambda *xs, out: fn(*xs, out=out, **attrs)
+    return fn
+
+
+def _plain_fn(node):
+    fn, attrs, dtype = IMPL[node.prim], node.attrs, node.out.dtype
+
+    def run(*xs):
+        value = fn(*xs, **attrs)
+        if type(value) is not np.ndarray:
+            value = np.asarray(value)
+        return value if value.dtype == dtype else value.astype(dtype)
+    return run
+
+
+def _program(graph, plan, buffers):
+    """Steps ``(fn, input slots, output slot, buffer or None)`` over an environment list."""
+    slot = {x.id: i for i, x in enumerate(graph.inputs)}
+    steps = []
+    for node in graph.nodes:
+        args = tuple(slot[i.id] for i in node.inputs)
+        slot[node.out.id] = len(slot)
+        b = plan.slot.get(node.out.id)
+        if node.prim == "fused":
+            steps.append((_fused_runner(node), args, slot[node.out.id],
+                          None if b is None else buffers[b], True))
+        elif b is not None:
+            steps.append((_out_fn(node), args, slot[node.out.id], buffers[b], True))
+        else:
+            steps.append((_plain_fn(node), args, slot[node.out.id], None, False))
+    return steps, slot
+
+
+def _fused_runner(node):
+    """Run a fused group's body: each op writes into a scratch buffer planned for the body, the
+    last one into the group's output buffer."""
+    body = node.attrs["body"].graph
+    plan = plan_memory(body, OUT_UFUNCS)
+    scratch = [np.empty(shape, dtype) for shape, dtype in plan.buffers]
+    steps, slot = _program(body, plan, scratch)
+    n_in, n_slots, result = len(body.inputs), len(slot), slot[body.outputs[0].id]
+    final = body.nodes[-1]
+    last_fn = _out_fn(final) if final.prim in OUT_UFUNCS or final.prim in OUT_OTHER else None
+    head = steps[:-1]
+    last_args = steps[-1][1]
+    dtype = node.out.dtype
+
+    def run(*xs, out=None):
+        env = list(xs) + [None] * (n_slots - n_in)
+        for fn, args, o, buf, takes_out in head:
+            env[o] = fn(*[env[a] for a in args], out=buf) if takes_out else \
+                fn(*[env[a] for a in args])
+        ins = [env[a] for a in last_args]
+        if out is not None and last_fn is not None:
+            return last_fn(*ins, out=out)
+        env[result] = steps[-1][0](*ins, out=steps[-1][3]) if steps[-1][4] else steps[-1][0](*ins)
+        value = env[result]
+        if out is not None:
+            np.copyto(out, value, casting="unsafe")
+            return out
+        return np.array(value, dtype=dtype)  # a fresh array: scratch is reused next call
+    return run
 
 
 def lower(graph):
-    """Return ``run(inputs) -> outputs`` for ``graph`` (inputs/outputs are NumPy arrays)."""
-    slot = {}
-    for x in graph.inputs:
-        slot[x.id] = len(slot)
-    program = []
-    for node in graph.nodes:
-        fn = IMPL[node.prim]
-        args = tuple(slot[i.id] for i in node.inputs)
-        slot[node.out.id] = len(slot)
-        program.append((fn, args, node.attrs, slot[node.out.id], node.out.aval.dtype))
+    """Return an ``Executable`` for ``graph`` (inputs and outputs are NumPy arrays)."""
+    plan = graph.meta.get("memory_plan") or plan_memory(graph, ())
+    buffers = [np.empty(shape, dtype) for shape, dtype in plan.buffers]
+    steps, slot = _program(graph, plan, buffers)
     n_inputs, n_slots = len(graph.inputs), len(slot)
     outputs = [slot[o.id] for o in graph.outputs]
 
@@ -28,11 +148,26 @@ def lower(graph):
         if len(inputs) != n_inputs:
             raise ValueError(f"expected {n_inputs} inputs, got {len(inputs)}")
         env = list(inputs) + [None] * (n_slots - n_inputs)
-        for fn, args, attrs, out, dtype in program:
-            value = fn(*[env[a] for a in args], **attrs)
-            if value.dtype != dtype:
-                value = value.astype(dtype)
-            env[out] = value
-        return [np.asarray(env[o]) for o in outputs]
+        for fn, args, out, buf, takes_out in steps:
+            if takes_out:
+                env[out] = fn(*[env[a] for a in args], out=buf)
+            else:
+                env[out] = fn(*[env[a] for a in args])
+        return [env[o] for o in outputs]
 
-    return run
+    return Executable(graph, run, kernels(graph))
+
+
+def kernels(graph) -> list[str]:
+    """What a call launches: one entry per fused group or compute op (views, constants and
+    communication are not kernels)."""
+    out = []
+    for node in graph.nodes:
+        if node.prim in ("const", "reshape", "stop_gradient") or \
+                REGISTRY[node.prim].kind == COLLECTIVE:
+            continue
+        if node.prim == "fused":
+            out.append("fused[" + ",".join(node.attrs["body"].prims) + "]")
+        else:
+            out.append(node.prim)
+    return out

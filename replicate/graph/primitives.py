@@ -20,8 +20,9 @@ import numpy as np
 from ..errors import MissingRuleError, ShapeError
 from .core import AVal
 
-ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE = (
-    "elementwise", "reduction", "structural", "contraction", "random", "source", "collective")
+ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE, FUSED = (
+    "elementwise", "reduction", "structural", "contraction", "random", "source", "collective",
+    "fused")
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ def _fmt_attr(v) -> str:
     return repr(v)
 
 
-def format_graph(graph) -> str:
-    gen, names = _names(), {}
+def format_graph(graph, indent: str = "", gen=None, names=None) -> str:
+    gen = gen or _names()
+    names = {} if names is None else names
 
     def name(a):
         if a.id not in names:
@@ -45,13 +46,15 @@ def format_graph(graph) -> str:
     def typed(a):
         return f"{name(a)}:{a.aval}"
 
-    lines = ["{ lambda " + " ".join(typed(x) for x in graph.inputs) + " ."]
+    lines = [indent + "{ lambda " + " ".join(typed(x) for x in graph.inputs) + " ."]
     for node in graph.nodes:
-        attrs = {k: v for k, v in node.attrs.items()}
+        attrs = {k: v for k, v in node.attrs.items() if k != "body"}
         text = ""
         if attrs:
             text = "[" + " ".join(f"{k}={_fmt_attr(v)}" for k, v in attrs.items()) + "]"
         args = " ".join(name(i) for i in node.inputs)
-        lines.append(f"    {typed(node.out)} = {node.prim}{text} {args}".rstrip())
-    lines.append("  in (" + ", ".join(name(o) for o in graph.outputs) + ") }")
+        lines.append(f"{indent}    {typed(node.out)} = {node.prim}{text} {args}".rstrip())
+        if "body" in node.attrs:  # a fused group: its body, indented below it
+            lines.append(format_graph(node.attrs["body"].graph, indent + "      ", gen, names))
+    lines.append(indent + "  in (" + ", ".join(name(o) for o in graph.outputs) + ") }")
     return "\n".join(lines)

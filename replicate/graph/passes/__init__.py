@@ -3,12 +3,18 @@
 Every pass is ``pass(graph, options) -> graph``; a backend names the ones it wants.
 """
 
+from .const_fold import const_fold
 from .cse import cse
 from .dce import dce
+from .fusion import fuse
+from .memory import memory
 
 PIPELINE = {
-    "dce": lambda g, o: dce(g),
+    "const_fold": lambda g, o: const_fold(g),
     "cse": lambda g, o: cse(g),
+    "dce": lambda g, o: dce(g),
+    "fusion": lambda g, o: fuse(g),
+    "memory": lambda g, o: memory(g),
 }
 
-__all__ = ["PIPELINE", "cse", "dce"]
+__all__ = ["PIPELINE", "const_fold", "cse", "dce", "fuse", "memory"]

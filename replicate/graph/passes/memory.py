@@ -1,0 +1,104 @@
+"""Memory planning: which values can live in buffers allocated once and reused every call.
+
+A value gets a *planned* buffer when the backend writes it with ``out=`` (fused groups, ufunc
+elementwise ops, reductions, matmul). Views (reshape, transpose, broadcast_to, indexing) and
+communication results alias their input, so a buffer stays busy until the last use of every value
+that may alias it — for a bucket handed to the communication thread, until its ``comm_wait``.
+Buffers whose values reach a graph output are never planned: results handed to the caller are
+fresh arrays every call. A linear scan in execution order gives a freed buffer of the same shape and
+dtype to the next value that needs one; an elementwise op may write in place into an input that
+dies at that op.
+
+The plan lands in ``graph.meta["memory_plan"]``; the graph itself is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core import Graph
+from ..primitives import COLLECTIVE, ELEMENTWISE, REGISTRY
+
+ALIASING = ("reshape", "transpose", "broadcast_to", "getitem", "stop_gradient")
+OUT_CAPABLE = ("fused", "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "matmul")
+
+
+@dataclass
+class MemoryPlan:
+    slot: dict = field(default_factory=dict)     # value id -> buffer index
+    buffers: list = field(default_factory=list)  # (shape, dtype) per buffer
+    in_place: int = 0                            # values written over a dying input
+
+    def __str__(self) -> str:
+        total = sum(_nbytes(s, d) for s, d in self.buffers)
+        return (f"memory plan: {len(self.slot)} values in {len(self.buffers)} buffers "
+                f"({total / 2**20:.1f} MiB), {self.in_place} in place")
+
+
+def _nbytes(shape, dtype):
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dtype.itemsize
+
+
+def aliases_input(node) -> bool:
+    return node.prim in ALIASING or REGISTRY[node.prim].kind == COLLECTIVE
+
+
+def writes_out(node, out_ufuncs) -> bool:
+    return node.prim in OUT_CAPABLE or node.prim in out_ufuncs
+
+
+def plan_memory(graph: Graph, out_ufuncs) -> MemoryPlan:
+    """Plan buffers for ``graph``'s values; ``out_ufuncs``: the elementwise primitives the
+    backend can run with ``out=``."""
+    nodes = graph.nodes
+    root: dict[int, int] = {}
+    for node in nodes:
+        v = node.out.id
+        root[v] = root.get(node.inputs[0].id, node.inputs[0].id) \
+            if node.inputs and aliases_input(node) else v
+    last_use: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        for x in node.inputs:
+            last_use[root.get(x.id, x.id)] = i
+    escaping = {root.get(o.id, o.id) for o in graph.outputs}
+    plan = MemoryPlan()
+    free: dict[tuple, list[int]] = {}
+    dying_at: dict[int, list[int]] = {}
+    for r, i in last_use.items():
+        dying_at.setdefault(i, []).append(r)
+    for i, node in enumerate(nodes):
+        v = node.out.id
+        key = (node.out.shape, node.out.dtype)
+        planned = (root[v] == v and v not in escaping and v in last_use
+                   and writes_out(node, out_ufuncs) and node.out.size > 0)
+        dying = [r for r in dying_at.get(i, ()) if r in plan.slot]
+        if planned:
+            buffer = None
+            if REGISTRY[node.prim].kind == ELEMENTWISE:  # in place over an input dying here
+                for r in dying:
+                    b = plan.slot[r]
+                    if plan.buffers[b] == key and any(x.id == r for x in node.inputs):
+                        buffer, plan.in_place = b, plan.in_place + 1
+                        dying.remove(r)
+                        break
+            if buffer is None and free.get(key):
+                buffer = free[key].pop()
+            if buffer is None:
+                buffer = len(plan.buffers)
+                plan.buffers.append(key)
+            plan.slot[v] = buffer
+        for r in dying:
+            b = plan.slot[r]
+            free.setdefault(plan.buffers[b], []).append(b)
+    return plan
+
+
+def memory(graph: Graph, out_ufuncs=None) -> Graph:
+    if out_ufuncs is None:
+        from ...backends.numpy_backend import OUT_UFUNCS as out_ufuncs
+    meta = dict(graph.meta)
+    meta["memory_plan"] = plan_memory(graph, out_ufuncs)
+    return Graph(graph.inputs, graph.nodes, graph.outputs, meta)
