@@ -53,10 +53,15 @@ declare("local_reduce", COLLECTIVE, _same_all, differentiable=False)
 declare("mpi_allreduce", COLLECTIVE, lambda x, **_: x, differentiable=False)
 declare("mpi_allgather", COLLECTIVE, _gathered, differentiable=False)
 declare("mpi_broadcast", COLLECTIVE, lambda x, **_: x, differentiable=False)
+# what gradient bucketing produces with overlap: start a flat buffer's all-reduce on the
+# communication thread (the value is a handle), and wait for it where the result is needed
+declare("comm_start", COLLECTIVE, lambda x, **_: x, differentiable=False)
+declare("comm_wait", COLLECTIVE, lambda h, **_: h, differentiable=False)
 
 # Communication must run on every rank even where its result is unused (say, the gradient of a
 # broadcast on a rank without the root): dead-code elimination must not drop one rank's side.
-SIDE_EFFECTS.update({"collective", "mpi_allreduce", "mpi_allgather", "mpi_broadcast"})
+SIDE_EFFECTS.update({"collective", "mpi_allreduce", "mpi_allgather", "mpi_broadcast",
+                     "comm_start", "comm_wait"})
 
 
 # -- NumPy implementations -------------------------------------------------------------------------
@@ -132,6 +137,14 @@ def _register_impls():
     IMPL["mpi_allreduce"] = lambda x, op, **_: _comm().allreduce(x, op)
     IMPL["mpi_allgather"] = lambda x, size, **_: _comm().allgather(x)
     IMPL["mpi_broadcast"] = lambda x, root, **_: _comm().bcast(x, root)
+    IMPL["comm_start"] = _comm_start
+    IMPL["comm_wait"] = lambda handle, **_: handle.result()
+
+
+def _comm_start(x, *, op, **_):
+    from ..runtime.overlap import start_allreduce
+
+    return start_allreduce(np.ascontiguousarray(x), op)
 
 
 # -- VJP of the placeholder: expressed with collectives again -------------------------------------

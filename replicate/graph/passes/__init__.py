@@ -3,6 +3,7 @@
 Every pass is ``pass(graph, options) -> graph``; a backend names the ones it wants.
 """
 
+from .bucketing import bucketing
 from .const_fold import const_fold
 from .cse import cse
 from .dce import dce
@@ -13,8 +14,9 @@ PIPELINE = {
     "const_fold": lambda g, o: const_fold(g),
     "cse": lambda g, o: cse(g),
     "dce": lambda g, o: dce(g),
+    "bucketing": lambda g, o: bucketing(g, o.bucket_bytes, o.compress, o.overlap),
     "fusion": lambda g, o: fuse(g),
     "memory": lambda g, o: memory(g),
 }
 
-__all__ = ["PIPELINE", "const_fold", "cse", "dce", "fuse", "memory"]
+__all__ = ["PIPELINE", "bucketing", "const_fold", "cse", "dce", "fuse", "memory"]

@@ -1,0 +1,70 @@
+"""The communication thread: bucketed all-reduces run here while the step goes on computing.
+
+``comm_start`` (a graph node) hands a flat buffer to the one thread and returns a handle;
+``comm_wait`` blocks until that bucket is reduced. The thread takes buckets strictly in the order
+they were started, which is the same on every rank (it is the compiled graph's order), so the
+reductions stay fixed-order and reproducible. It talks on its own duplicate of the world
+communicator, so its traffic never mixes with collectives the main thread issues meanwhile.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+_thread = None
+_lock = threading.Lock()
+
+
+class Handle:
+    """A bucket in flight: ``result()`` waits for it and returns the reduced buffer."""
+
+    __slots__ = ("_done", "_value", "_error")
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._value = None
+        self._error = None
+
+    def result(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class CommThread:
+    def __init__(self, comm):
+        self.comm = comm
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="replicate-comm", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, *args) -> Handle:
+        handle = Handle()
+        self.jobs.put((handle, fn, args))
+        return handle
+
+    def _loop(self):
+        while True:
+            handle, fn, args = self.jobs.get()
+            try:
+                handle._value = fn(self.comm, *args)
+            except BaseException as e:  # handed to whoever waits for this bucket
+                handle._error = e
+            handle._done.set()
+
+
+def comm_thread() -> CommThread:
+    """The process's communication thread (started on first use, on a duplicate of ``world``)."""
+    global _thread
+    with _lock:
+        if _thread is None:
+            from .comm import world
+
+            _thread = CommThread(world().dup())
+        return _thread
+
+
+def start_allreduce(x, op: str) -> Handle:
+    return comm_thread().submit(lambda comm, x, op: comm.allreduce(x, op), x, op)
