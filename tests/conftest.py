@@ -1,8 +1,85 @@
-"""Test configuration: make the package importable from a plain checkout (no install needed)."""
+"""Test configuration: make the package importable from a plain checkout (no install needed), and
+the one helper every multi-process test uses to run a command under ``mpiexec`` with a hard
+timeout (a hang fails the test instead of blocking the suite).
+
+    from conftest import mpirun, needs_mpi
+"""
+
+from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+HERE = os.path.join(ROOT, "tests")
+PROGRAMS = os.path.join(HERE, "programs")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+TIMEOUT = 60
+
+
+def have_mpi() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(MPIEXEC)
+
+
+# ``pytestmark = needs_mpi`` in a module whose every test runs under mpiexec
+needs_mpi = [pytest.mark.mpi,
+             pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")]
+
+
+def child_env(blas_threads: int | None = 1, **extra) -> dict:
+    """The environment of a child process: the checkout importable, ``blas_threads`` BLAS threads
+    (None: leave it to the launcher), unbuffered output, no debug printing; plus ``extra``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               PYTHONUNBUFFERED="1")
+    if blas_threads is not None:
+        env.update(OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads))
+    env.pop("REPLICATE_DEBUG", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False):
+    """Run ``cmd`` in its own session with a hard timeout: on a hang the whole process group
+    (mpiexec and every rank it started) is killed and the test fails. Returns a
+    ``CompletedProcess`` with ``.seconds`` (wall time) added; ``check``: also fail on a nonzero
+    exit."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"hang: {' '.join(map(str, cmd))} did not finish in {timeout} s\n"
+                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    result.seconds = time.monotonic() - t0
+    if check:
+        assert result.returncode == 0, report(result)
+    return result
+
+
+def mpirun(*args, n=2, launcher=False, timeout=TIMEOUT, cwd=PROGRAMS, env=None, check=False):
+    """``mpiexec -n n python ARGS`` (or ``python -m replicate.launch -n n ARGS``)."""
+    if launcher:
+        cmd = [sys.executable, "-m", "replicate.launch", "-n", str(n), *args]
+    else:
+        cmd = [MPIEXEC, "-n", str(n), sys.executable, *args]
+    return run(cmd, cwd=cwd, timeout=timeout, env=env, check=check)
+
+
+def report(result) -> str:
+    return (f"{' '.join(map(str, result.args))}\nexit {result.returncode}\n--- stdout\n"
+            f"{result.stdout}\n--- stderr\n{result.stderr}")

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from conftest import MPIEXEC, have_mpi, run
 
 import replicate as rp
 import replicate.numpy as rnp
 from replicate.runtime import checkpoint
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 TIMEOUT = 120
 
 
@@ -255,21 +251,8 @@ def _program(tmp_path):
 
 def _run(cmd, cwd, timeout=TIMEOUT):
     """Run a command with a hard timeout (a hang fails the test instead of blocking the suite)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("REPLICATE_DEBUG", None)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank it started
-        out, err = proc.communicate()
-        pytest.fail(f"hang: {' '.join(cmd)} did not finish in {timeout} s\n--- stdout\n{out}\n"
-                    f"--- stderr\n{err}")
-    assert proc.returncode == 0, (f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{out}"
-                                  f"\n--- stderr\n{err}")
-    return out, err
+    result = run(cmd, cwd=cwd, timeout=timeout, check=True)
+    return result.stdout, result.stderr
 
 
 def _load(path):
@@ -313,16 +296,8 @@ def test_resume_in_a_fresh_process_is_bitwise_equal(tmp_path):
     assert int(a["_ranks"]) == 1
 
 
-def _have_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return os.path.exists(MPIEXEC)
-
-
 @pytest.mark.mpi
-@pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")
+@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")
 def test_resume_with_two_processes_is_bitwise_equal(tmp_path):
     a, b = _check_resume(tmp_path, [MPIEXEC, "-n", "2", sys.executable])
     assert int(a["_ranks"]) == 2

@@ -12,19 +12,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import MPIEXEC, ROOT, child_env, report, run
 
 import replicate as rp
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 EXAMPLES = os.path.join(ROOT, "examples")
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 pytest.importorskip("sklearn", reason="the examples need scikit-learn (pip install '.[examples]')")
 pytest.importorskip("matplotlib", reason="the examples need matplotlib")
@@ -180,18 +176,10 @@ def launch(script, tmp_path, *args):
     plot = str(tmp_path / (os.path.splitext(script)[0] + ".png"))
     cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", os.path.join(EXAMPLES, script),
            *args, "--plot", plot]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               PYTHONUNBUFFERED="1")
-    env.pop("REPLICATE_DEBUG", None)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=SLOW_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {SLOW_TIMEOUT} s\n{out}\n{err}")
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+    # the launcher chooses the BLAS threads per process, as for a user
+    result = run(cmd, cwd=tmp_path, timeout=SLOW_TIMEOUT, env=child_env(blas_threads=None))
+    assert result.returncode == 0, report(result)
+    out = result.stdout
     assert_png(plot)
     return out
 

@@ -6,55 +6,17 @@ and failures_mpi.py (ranks that misbehave).
 """
 
 import os
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-PROGRAMS = os.path.join(HERE, "programs")
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-TIMEOUT = 60
+from conftest import PROGRAMS, mpirun, needs_mpi
 
 sys.path.insert(0, PROGRAMS)
 import collective_cases as cc  # noqa: E402
 import oracle  # noqa: E402
 
-
-def _have_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return os.path.exists(MPIEXEC)
-
-
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")]
-
-
-def mpirun(*args, n=2, launcher=False, timeout=TIMEOUT):
-    """Run a program of tests/programs on n processes; a hang past ``timeout`` fails the test."""
-    if launcher:
-        cmd = [sys.executable, "-m", "replicate.launch", "-n", str(n), *args]
-    else:
-        cmd = [MPIEXEC, "-n", str(n), sys.executable, *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("REPLICATE_DEBUG", None)
-    proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
-        out, err = proc.communicate()
-        pytest.fail(f"hang: {' '.join(cmd)} did not finish in {timeout} s\n"
-                    f"--- stdout\n{out}\n--- stderr\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+pytestmark = needs_mpi
 
 
 def _ok(result):
