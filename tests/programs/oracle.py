@@ -36,7 +36,8 @@ def loss_fn(params, x, y):
     return -rnp.take_along_axis(logp, rnp.expand_dims(y, -1), axis=-1).mean()
 
 
-def train(k=1, mode="graph", opt="sgd", steps=10, batch=8, replicas=None, comm=None):
+def train(k=1, mode="graph", opt="sgd", steps=10, batch=8, replicas=None, comm=None,
+          options=None):
     """Train with k replicas per process; return (final params as numpy, per-step losses)."""
     params = make_params()
     base = rp.optim.SGD(params, lr=0.3, momentum=0.5) if opt == "sgd" else \
@@ -53,7 +54,8 @@ def train(k=1, mode="graph", opt="sgd", steps=10, batch=8, replicas=None, comm=N
         optimizer.apply(rp.grad(loss, params))
         return {"loss": loss}
 
-    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k, comm=comm)
+    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k, comm=comm,
+                        options=options)
     hist = rep.run(steps=steps)
     return {k_: v.numpy().copy() for k_, v in params.items()}, [float(h["loss"]) for h in hist]
 
@@ -65,8 +67,12 @@ if __name__ == "__main__":
     ap.add_argument("--mode", default="graph")
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--options", default=None, help="compile options as JSON")
     a = ap.parse_args()
-    params, losses = train(a.k, a.mode, a.opt, a.steps)
+    import json
+
+    params, losses = train(a.k, a.mode, a.opt, a.steps,
+                           options=json.loads(a.options) if a.options else None)
     from replicate.runtime.comm import world
 
     if world().rank == 0:
