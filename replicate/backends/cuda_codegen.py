@@ -1,0 +1,227 @@
+"""CUDA code generation for fused groups (used by the CuPy backend; needs neither CuPy nor a GPU).
+
+Each fused group becomes one kernel:
+
+* a map-only group: the ``operation`` of a ``cupy.ElementwiseKernel`` — one ``const`` statement per
+  op, in the group's order, over inputs that CuPy broadcasts to the output's shape;
+* a group with a reduction: a ``cupy.ReductionKernel`` whose ``map_expr`` calls a generated device
+  function for the prologue, whose ``reduce_expr``/``identity`` come from the reduction, and whose
+  ``post_map_expr`` calls a device function for the epilogue (the epilogue reads only the reduced
+  value and constants: the fusion pass guarantees scalars, constants are inlined as literals, and
+  a non-constant scalar makes the epilogue a kernel of its own).
+
+The per-primitive CUDA expressions are a rule table (``CUDA``), checked for completeness with the
+other tables. ``standalone_source`` wraps a kernel into a complete ``.cu`` translation unit so
+the code can be compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .numpy_impl import RuleTable
+
+CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
+         "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
+         "bool": "bool"}
+
+PREAMBLE = """
+template <typename T> __device__ T _floordiv(T a, T b) {
+  T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+"""
+
+
+def _max(a, b):  # NaN-propagating, as NumPy's maximum
+    return f"(({a} > {b} || {a} != {a}) ? {a} : {b})"
+
+
+def _min(a, b):
+    return f"(({a} < {b} || {a} != {a}) ? {a} : {b})"
+
+
+def _div(a, b, t):
+    return f"({a} / {b})" if t in ("float", "double", "float16") else f"_floordiv({a}, {b})"
+
+
+# prim -> fn(*argument expressions, t=output C type, attrs) -> expression
+CUDA = RuleTable("cuda", {
+    "neg": lambda a, t, **_: f"(-{a})",
+    "abs": lambda a, t, **_: f"({a} < 0 ? -{a} : {a})",
+    "sign": lambda a, t, **_: f"(({t})(({a} > 0) - ({a} < 0)))",
+    "exp": lambda a, t, **_: f"exp({a})", "log": lambda a, t, **_: f"log({a})",
+    "log1p": lambda a, t, **_: f"log1p({a})", "expm1": lambda a, t, **_: f"expm1({a})",
+    "sqrt": lambda a, t, **_: f"sqrt({a})", "rsqrt": lambda a, t, **_: f"rsqrt({a})",
+    "tanh": lambda a, t, **_: f"tanh({a})", "sin": lambda a, t, **_: f"sin({a})",
+    "cos": lambda a, t, **_: f"cos({a})",
+    "logistic": lambda a, t, **_: f"(({t})1 / (({t})1 + exp(-{a})))",
+    "add": lambda a, b, t, **_: f"({a} + {b})", "sub": lambda a, b, t, **_: f"({a} - {b})",
+    "mul": lambda a, b, t, **_: f"({a} * {b})", "div": lambda a, b, t, **_: _div(a, b, t),
+    "pow": lambda a, b, t, **_: f"(({t})pow({a}, {b}))",
+    "maximum": lambda a, b, t, **_: _max(a, b), "minimum": lambda a, b, t, **_: _min(a, b),
+    "eq": lambda a, b, t, **_: f"({a} == {b})", "ne": lambda a, b, t, **_: f"({a} != {b})",
+    "lt": lambda a, b, t, **_: f"({a} < {b})", "le": lambda a, b, t, **_: f"({a} <= {b})",
+    "gt": lambda a, b, t, **_: f"({a} > {b})", "ge": lambda a, b, t, **_: f"({a} >= {b})",
+    "logical_and": lambda a, b, t, **_: f"({a} && {b})",
+    "logical_or": lambda a, b, t, **_: f"({a} || {b})",
+    "logical_not": lambda a, t, **_: f"(!{a})",
+    "select": lambda c, a, b, t, **_: f"({c} ? {a} : {b})",
+    "cast": lambda a, t, **_: f"(({t}){a})",
+    "stop_gradient": lambda a, t, **_: a,
+    "broadcast_to": lambda a, t, **_: a,  # the kernel's indexing broadcasts
+})
+
+REDUCE = {  # prim -> (reduce_expr, identity(dtype))
+    "reduce_sum": ("a + b", lambda d: "0"),
+    "reduce_prod": ("a * b", lambda d: "1"),
+    "reduce_max": (_max("a", "b"),
+                   lambda d: "-INFINITY" if d.kind == "f" else _int_limit(d, "min")),
+    "reduce_min": (_min("a", "b"),
+                   lambda d: "INFINITY" if d.kind == "f" else _int_limit(d, "max")),
+}
+
+
+def _int_limit(dtype, which):
+    if dtype.kind == "b":
+        return "false" if which == "min" else "true"
+    info = np.iinfo(dtype)
+    if which == "max":
+        return f"(({ctype(dtype)}){info.max})"
+    # the most negative value is written as (-max - 1): its literal alone does not fit the type
+    return f"(({ctype(dtype)})({info.min + 1}) - 1)" if info.min < 0 else f"(({ctype(dtype)})0)"
+
+
+def ctype(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in CTYPE:
+        raise NotImplementedError(f"no CUDA type for {name}")
+    return CTYPE[name]
+
+
+def literal(value, dtype) -> str:
+    dtype = np.dtype(dtype)
+    v = np.asarray(value).reshape(()).item()
+    if dtype.kind == "b":
+        return "true" if v else "false"
+    if dtype.kind in "iu":
+        return f"(({ctype(dtype)}){int(v)})"
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "-INFINITY"
+    text = repr(float(v))
+    return text + "f" if dtype == np.float32 else f"(({ctype(dtype)}){text})"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What the CuPy backend compiles for one fused group."""
+
+    kind: str                 # "elementwise" | "reduction"
+    name: str
+    in_params: str            # e.g. "float in0, float in1"
+    out_params: str           # e.g. "float out0"
+    operation: str = ""       # elementwise
+    map_expr: str = ""        # reduction
+    reduce_expr: str = ""
+    post_map_expr: str = ""
+    identity: str = ""
+    preamble: str = ""
+    params: tuple = ()        # indices of the fused node's inputs passed to the kernel
+    axes: tuple = ()          # reduction axes
+    red_shape: tuple = ()     # the reduction's input shape (inputs are broadcast to it)
+    reduce_type: str = ""     # C type of the values being reduced
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.in_params, self.out_params, self.operation, self.map_expr,
+                self.reduce_expr, self.post_map_expr, self.identity, self.preamble)
+
+
+def _statements(nodes, names, out_t=None):
+    """``const T vK = expr;`` per node; fills ``names`` (value id -> C name)."""
+    lines = []
+    for k, node in enumerate(nodes):
+        t = ctype(node.out.dtype)
+        expr = CUDA[node.prim](*[names[x.id] for x in node.inputs], t=t, **node.attrs)
+        names[node.out.id] = f"v{k}"
+        lines.append(f"const {t} v{k} = {expr};")
+    return lines
+
+
+def generate(node, consts: dict, name: str) -> KernelSpec:
+    """The kernel for fused ``node``; ``consts``: {input index: value} of scalar constants."""
+    body = node.attrs["body"]
+    g = body.graph
+    names, params, decls = {}, [], []
+    for i, x in enumerate(g.inputs):
+        if i in consts:
+            names[x.id] = literal(consts[i], x.dtype)
+        else:
+            names[x.id] = f"in{i}"
+            params.append(i)
+            decls.append(f"{ctype(x.dtype)} in{i}")
+    out_t = ctype(node.out.dtype)
+    if body.reduction is None:
+        lines = _statements(g.nodes, names)
+        lines.append(f"out0 = {names[g.outputs[0].id]};")
+        return KernelSpec("elementwise", name, ", ".join(decls), f"{out_t} out0",
+                          operation="\n".join(lines), params=tuple(params))
+    red = body.reduction
+    k = g.nodes.index(red)
+    pre, post = g.nodes[:k], g.nodes[k + 1:]
+    red_t = ctype(red.out.dtype)
+    # prologue: a device function of the kernel's inputs
+    pre_lines = _statements(pre, names)
+    arg_list = ", ".join(decls)
+    call_args = ", ".join(f"in{i}" for i in params)
+    preamble = [PREAMBLE.strip(),
+                f"__device__ {red_t} {name}_map({arg_list}) {{",
+                *["  " + s for s in pre_lines],
+                f"  return ({red_t}){names[red.inputs[0].id]};", "}"]
+    # epilogue: a device function of the reduced value
+    post_names = {x.id: names[x.id] for i, x in enumerate(g.inputs) if i in consts}
+    post_names[red.out.id] = "a"
+    try:
+        post_lines = _statements(post, post_names)
+    except KeyError:
+        raise NotImplementedError("the epilogue reads a non-constant input") from None
+    result = post_names[g.outputs[0].id]
+    preamble += [f"__device__ {out_t} {name}_post({red_t} a) {{",
+                 *["  " + s for s in post_lines], f"  return ({out_t}){result};", "}"]
+    reduce_expr, identity = REDUCE[red.prim]
+    return KernelSpec("reduction", name, arg_list, f"{out_t} out0",
+                      map_expr=f"{name}_map({call_args})", reduce_expr=reduce_expr,
+                      post_map_expr=f"out0 = {name}_post(a)",
+                      identity=identity(red.out.dtype), preamble="\n".join(preamble),
+                      params=tuple(params), axes=tuple(red.attrs["axes"]),
+                      red_shape=tuple(red.inputs[0].shape), reduce_type=red_t)
+
+
+def standalone_source(spec: KernelSpec) -> str:
+    """A complete CUDA translation unit for ``spec`` (contiguous inputs of the output's size, or
+    scalars), for compiling with ``nvcc`` and for reading; the CuPy backend itself hands the
+    pieces to ``ElementwiseKernel``/``ReductionKernel``, which add broadcasting and indexing."""
+    params = [p.strip() for p in spec.in_params.split(",") if p.strip()]
+    out_t, out_name = spec.out_params.rsplit(" ", 1)
+    ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in (p.rsplit(" ", 1) for p in params)]
+    loads = [f"    const {t} {n} = {n}_p[i];" for t, n in (p.rsplit(" ", 1) for p in params)]
+    head = "#include <cmath>\n"
+    sig = ", ".join(ptrs + [f"{out_t}* __restrict__ {out_name}_p", "long long n"])
+    if spec.kind == "elementwise":
+        body = "\n".join("    " + line for line in spec.operation.splitlines())
+        return (f"{head}{PREAMBLE}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
+                f"  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;"
+                f" i += (long long)blockDim.x * gridDim.x) {{\n" + "\n".join(loads) +
+                f"\n    {out_t} {out_name};\n{body}\n    {out_name}_p[i] = {out_name};\n  }}\n}}\n")
+    # reduction over everything, one thread: enough to check that the pieces compile together
+    red_t = spec.reduce_type
+    return (f"{head}{spec.preamble}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
+            f"  {red_t} a = {spec.identity};\n"
+            f"  for (long long i = 0; i < n; ++i) {{\n" + "\n".join(loads) +
+            f"\n    {red_t} b = {spec.map_expr};\n    a = {spec.reduce_expr};\n  }}\n"
+            f"  {out_t} {out_name};\n  {spec.post_map_expr};\n"
+            f"  {out_name}_p[0] = {out_name};\n}}\n")

@@ -1,0 +1,153 @@
+"""The CuPy backend: generated CUDA kernels for fused groups, cuBLAS for matmul, on an NVIDIA GPU.
+
+* each ``fused`` node is one kernel: ``cuda_codegen.generate`` writes its source, compiled once
+  per (structure, dtypes) into a ``cupy.ElementwiseKernel`` or ``cupy.ReductionKernel`` and
+  cached (CuPy caches the binary per shape and device); ``REPLICATE_DEBUG=cuda`` prints it;
+* ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``;
+* other ops run the NumPy reference table on device arrays (CuPy implements NumPy's array
+  function protocol), with device versions where NumPy's would not dispatch (random numbers,
+  scatter-add);
+* communication nodes run on the host: their inputs come back from the device, their results go
+  up again (host-staged MPI; NCCL is not wired in).
+
+Inputs and outputs are host NumPy arrays, as for every backend; they are copied to and from the
+device on each call.
+"""
+
+from __future__ import annotations
+
+import cupy  # ImportError here -> "pip install 'replicate[cuda12]'"
+
+from ..compiler import Executable, debug_enabled
+from ..errors import ReplicateError
+from ..graph.primitives import COLLECTIVE, REGISTRY
+from . import cuda_codegen
+from .numpy_backend import kernels
+from .numpy_impl import IMPL
+
+try:
+    _DEVICES = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # no driver, or no device
+    _DEVICES = 0
+if not _DEVICES:
+    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here")
+
+name = "cupy"
+passes = ("const_fold", "cse", "dce", "bucketing", "fusion")  # CuPy's pool manages memory
+
+_KERNELS: dict = {}
+
+
+def _compile(spec):
+    kernel = _KERNELS.get(spec.key)
+    if kernel is None:
+        if debug_enabled("cuda"):
+            print(f"// {spec.name}\n{cuda_codegen.standalone_source(spec)}", flush=True)
+        if spec.kind == "elementwise":
+            kernel = cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation,
+                                            spec.name, preamble=cuda_codegen.PREAMBLE)
+        else:
+            kernel = cupy.ReductionKernel(spec.in_params, spec.out_params, spec.map_expr,
+                                          spec.reduce_expr, spec.post_map_expr, spec.identity,
+                                          spec.name, reduce_type=spec.reduce_type,
+                                          preamble=spec.preamble)
+        _KERNELS[spec.key] = kernel
+    return kernel
+
+
+def _fused_fn(node, consts, index):
+    try:
+        spec = cuda_codegen.generate(node, consts, f"replicate_fused_{index}")
+    except NotImplementedError:  # e.g. an epilogue reading a runtime scalar: op by op
+        body = node.attrs["body"].graph
+        return lambda *xs: _interpret(body, xs)
+    kernel = _compile(spec)
+    if spec.kind == "elementwise":
+        shape, dtype = node.out.shape, node.out.dtype
+
+        def run(*xs):
+            out = cupy.empty(shape, dtype)
+            kernel(*[xs[i] for i in spec.params], out)
+            return out
+        return run
+
+    def reduce(*xs):
+        args = [cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params]
+        return kernel(*args, axis=spec.axes)
+    return reduce
+
+
+def _random_bits(key, shape, dtype, stream=0):
+    return cupy.asarray(IMPL["random_bits"](cupy.asnumpy(key), shape, dtype, stream))
+
+
+def _random_uniform(key, shape, dtype):
+    return cupy.asarray(IMPL["random_uniform"](cupy.asnumpy(key), shape, dtype))
+
+
+def _scatter_add(g, *idx, index, shape):
+    import cupyx
+
+    from ..graph.primitives import index_tuple
+
+    out = cupy.zeros(shape, g.dtype)
+    cupyx.scatter_add(out, index_tuple(index, idx), g)
+    return out
+
+
+DEVICE = {
+    "matmul": lambda a, b: cupy.matmul(a, b),
+    "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
+    "random_bits": _random_bits, "random_uniform": _random_uniform,
+    "scatter_add": _scatter_add,
+    "const": lambda value: cupy.asarray(value),
+}
+
+
+def _op_fn(node):
+    if REGISTRY[node.prim].kind == COLLECTIVE:  # host-staged communication
+        fn, attrs = IMPL[node.prim], node.attrs
+        if node.prim == "comm_start":
+            return lambda x: fn(cupy.asnumpy(x), **attrs)
+        if node.prim == "comm_wait":
+            return lambda h: cupy.asarray(fn(h, **attrs))
+        return lambda *xs: cupy.asarray(fn(*[cupy.asnumpy(x) for x in xs], **attrs))
+    fn = DEVICE.get(node.prim) or IMPL[node.prim]
+    attrs, dtype = node.attrs, node.out.dtype
+
+    def run(*xs):
+        value = cupy.asarray(fn(*xs, **attrs))
+        return value if value.dtype == dtype else value.astype(dtype)
+    return run
+
+
+def _interpret(graph, values):
+    env = {x.id: v for x, v in zip(graph.inputs, values)}
+    for node in graph.nodes:
+        env[node.out.id] = _op_fn(node)(*[env[i.id] for i in node.inputs])
+    return env[graph.outputs[0].id]
+
+
+def lower(graph):
+    producer = {n.out.id: n for n in graph.nodes}
+    slot = {x.id: i for i, x in enumerate(graph.inputs)}
+    steps = []
+    for k, node in enumerate(graph.nodes):
+        if node.prim == "fused":
+            consts = {i: producer[x.id].attrs["value"] for i, x in enumerate(node.inputs)
+                      if x.id in producer and producer[x.id].prim == "const" and x.size == 1}
+            fn = _fused_fn(node, consts, k)
+        else:
+            fn = _op_fn(node)
+        slot[node.out.id] = len(slot)
+        steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id]))
+    n_in, n_slots = len(graph.inputs), len(slot)
+    outputs = [slot[o.id] for o in graph.outputs]
+
+    def run(inputs):
+        env = [cupy.asarray(x) for x in inputs] + [None] * (n_slots - n_in)
+        for fn, args, out in steps:
+            env[out] = fn(*[env[a] for a in args])
+        return [cupy.asnumpy(env[o]) for o in outputs]
+
+    return Executable(graph, run, kernels(graph))
