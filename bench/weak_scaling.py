@@ -1,0 +1,229 @@
+"""Weak scaling, 1 vs 2 processes (1 thread each), per-replica batch fixed: replicate vs DDP.
+
+Model: the MLP 784-1024-1024-10 of ``step_time.py``, softmax cross-entropy, SGD, float32, batch
+256 per replica, gradients averaged over all replicas every step (``rp.wrap_optimizer`` /
+``DistributedDataParallel`` with gloo). Each process is one replica. Efficiency at 2 processes
+is ``samples/s (2 processes) / (2 x samples/s (1 process))``.
+
+    python bench/weak_scaling.py            # runs mpiexec -n 1 and -n 2 itself
+    python bench/weak_scaling.py --quick
+
+Timing: warm-up steps, then rounds of ``--steps`` steps (the rows interleaved), a barrier
+before and after each round, the slowest rank's time; median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+from step_time import LR, MLP_SIZES, mlp_init, mlp_sizes, torch_model  # noqa: E402
+
+BATCH = 256
+
+
+def replicate_runner(params, x, y, mode, backend):
+    import replicate as rp
+
+    sizes = mlp_sizes(params)
+    layers = [rp.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+    model = rp.nn.Sequential(layers[0], rp.nn.relu, layers[1], rp.nn.relu, layers[2])
+    for v, p in zip([v for lin in layers for v in (lin.weight, lin.bias)], params):
+        v.value = p.copy()
+        v._eager = None
+    opt = rp.wrap_optimizer(rp.optim.SGD(model.parameters(), lr=LR))
+
+    def input_fn(ctx):
+        while True:
+            yield x, y
+
+    def step_fn(batch):
+        xb, yb = batch
+        loss = rp.nn.softmax_cross_entropy(model(xb), yb).mean()
+        opt.apply(rp.grad(loss, model.parameters()))
+        return {"loss": loss}
+
+    rep = rp.Replicator(input_fn, step_fn, mode=mode, backend=backend, replicas_per_rank=1)
+    return lambda steps: rep.run(steps=steps)
+
+
+def ddp_runner(comm, params, x, y):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        port = None
+        if comm.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = comm.bcast(port, root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=comm.Get_rank(), world_size=comm.Get_size())
+    model = DDP(torch_model("mlp", params))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def run(steps):
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xt), yt)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+    return run
+
+
+ROWS = ("replicate graph numpy", "replicate graph jax", "replicate eager (numpy)",
+        "PyTorch DDP (gloo)")
+
+
+def worker(args):
+    """One row, one process count (a failing row must not take the others with it: the
+    Replicator aborts the whole MPI job on an error)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    C.set_torch_threads(1)
+    sizes = (784, 128, 128, 10) if args.quick else MLP_SIZES
+    params, _, _ = mlp_init(sizes, 1, seed=0)        # the same weights on every rank
+    _, x, y = mlp_init(sizes, BATCH, seed=100 + rank)  # each replica its own batch
+    steps = 3 if args.quick else args.steps
+    rounds = 2 if args.quick else args.rounds
+    if args.row == "PyTorch DDP (gloo)":
+        run = ddp_runner(comm, params, x, y)
+    else:
+        mode = "eager" if "eager" in args.row else "graph"
+        run = replicate_runner(params, x, y, mode, args.row.split()[-1].strip("()"))
+    run(3)  # warm-up (and the one trace)
+    times = []
+    for _ in range(rounds):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(steps)
+        comm.Barrier()
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps)
+    if rank == 0:
+        timing = C.Timing(statistics.median(times), min(times), max(times), len(times))
+        C.write_worker_json(args.json, {"name": args.row, "timing": timing, "note": ""})
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except ImportError:
+        pass
+
+
+def launch(args):
+    results = {1: [], 2: []}
+    os.makedirs(C.RESULTS_DIR, exist_ok=True)
+    for row in ROWS:
+        reason = None
+        if row.startswith("replicate graph"):
+            reason = C.backend_unavailable(row.split()[-1])
+        for procs in (1, 2):
+            if reason:
+                results[procs].append({"name": row, "timing": None, "note": reason})
+                continue
+            results[procs].append(run_one(args, row, procs))
+    return {p: {"procs": p, "batch": BATCH, "rows": rows} for p, rows in results.items()}
+
+
+def run_one(args, row, procs):
+    C.record_load()
+    path = os.path.join(C.RESULTS_DIR, f".worker-weak-{procs}.json")
+    cmd = [sys.executable, "-m", "replicate.launch", "-n", str(procs),
+           os.path.abspath(__file__), "--worker", "--json", path, "--row", row,
+           "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    if args.quick:
+        cmd.append("--quick")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=C.thread_env(1), capture_output=True, text=True,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"name": row, "timing": None, "note": f"timed out after {args.timeout} s"}
+    print(f"[bench] weak_scaling.py: {row}, {procs} process(es): {time.perf_counter() - t0:.0f} s"
+          f"{'' if proc.returncode == 0 else ' (failed)'}", file=sys.stderr, flush=True)
+    if proc.returncode != 0 or not os.path.exists(path):
+        return {"name": row, "timing": None, "note": C.failure_reason(proc.stdout + proc.stderr)}
+    with open(path) as f:
+        out = json.load(f)
+    os.remove(path)
+    return out
+
+
+def report(results, command, quick):
+    one = {d["name"]: d for d in results[1]["rows"]}
+    two = {d["name"]: d for d in results[2]["rows"]}
+    batch = results[1]["batch"]
+    cells, eff = [], {}
+    for name in one:
+        t1 = C.timing_from(one[name]["timing"])
+        t2 = C.timing_from(two.get(name, {}).get("timing"))
+        note = one[name]["note"] or two.get(name, {}).get("note", "")
+        if t1 is None or t2 is None:
+            cells.append([name, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", note])
+            continue
+        s1, s2 = batch / t1.median, 2 * batch / t2.median
+        eff[name] = s2 / (2 * s1)
+        cells.append([name, f"{t1.median * 1e3:.1f}", f"{t2.median * 1e3:.1f}", f"{s1:,.0f}",
+                      f"{s2:,.0f}", f"{s2 / s1:.2f}x", f"{eff[name] * 100:.0f} %", note])
+    title = ("Weak scaling: 1 vs 2 processes x 1 thread, MLP 784-1024-1024-10, batch 256 per "
+             "replica" + (" (quick: smaller MLP)" if quick else ""))
+    text = [C.header(title, command),
+            C.table(["implementation", "ms/step, 1 proc", "ms/step, 2 procs",
+                     "samples/s, 1 proc", "samples/s, 2 procs", "speed-up", "efficiency",
+                     "note"], cells), ""]
+    ddp = eff.get("PyTorch DDP (gloo)")
+    lines = []
+    for name, e in eff.items():
+        if not name.startswith("replicate"):
+            continue
+        ok90 = e >= 0.90
+        ok_ddp = ddp is not None and e * 100 >= ddp * 100 + 20
+        lines.append(f"{name}: {e * 100:.0f} % — ≥ 90 %: {'met' if ok90 else 'not met'}; "
+                     f"≥ DDP + 20 points ({'n/a' if ddp is None else f'{ddp * 100:.0f} % + 20'}):"
+                     f" {'met' if ok_ddp else 'not met'}")
+    text.append("Targets: " + "; ".join(lines) + "\n")
+    out = "\n".join(text)
+    print(out)
+    return out, eff
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per row")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--row", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per row and process count")
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    results = launch(args)
+    command = "python bench/weak_scaling.py" + (" --quick" if args.quick else "")
+    text, eff = report(results, command, args.quick)
+    if not args.quick:
+        C.save_json("weak_scaling", {"machine": C.machine(), "results": results,
+                                     "efficiency": eff, "markdown": text})
+
+
+if __name__ == "__main__":
+    main()
