@@ -15,7 +15,15 @@ from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scat
 from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond
-from .errors import CollectiveMismatchError, ReplicateError, ShapeError, TracerConversionError
+from .errors import (
+    CheckpointError,
+    CollectiveMismatchError,
+    InputError,
+    NonFiniteError,
+    ReplicateError,
+    ShapeError,
+    TracerConversionError,
+)
 from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
@@ -28,7 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",
-    "ReplicateError",
+    "ReplicateError", "InputError", "NonFiniteError", "CheckpointError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",

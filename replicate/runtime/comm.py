@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from threading import get_ident
+from time import monotonic
 
 import numpy as np
+
+from . import watchdog
+from .watchdog import TRACKER, Call
 
 _SPLIT_MIN = 4096  # elements per rank below which gathering whole buffers is cheaper
 _REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
@@ -49,30 +55,62 @@ class SelfComm:
 
 
 class MPIComm:
-    """mpi4py's COMM_WORLD (or a given communicator) with fixed-order reductions."""
+    """mpi4py's COMM_WORLD (or a given communicator) with fixed-order reductions.
 
-    def __init__(self, comm=None):
+    Every call that waits for other processes records itself with the stall watchdog
+    (``watchdog.TRACKER``) while it waits; see ``replicate/runtime/watchdog.py``.
+    """
+
+    def __init__(self, comm=None, label: str = "world"):
         from mpi4py import MPI
 
         self.MPI = MPI
         self.comm = comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.label = label
+        self.seq = 0  # cross-process calls entered on this communicator (same on every rank)
+        self._dups = 0
+        TRACKER.comms[label] = self
+
+    # -- watchdog bookkeeping (a few attribute writes per call) ---------------------------------
+    def _enter(self, op, operand=None) -> int:
+        seq, ident = self.seq, get_ident()
+        self.seq = seq + 1
+        TRACKER.inflight[ident] = Call(self.label, seq, op, operand, TRACKER.step, TRACKER.phase,
+                                       ident, monotonic())
+        return ident
+
+    @staticmethod
+    def _leave(ident):
+        TRACKER.inflight.pop(ident, None)
 
     @staticmethod
     def _bytes(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
+    # -- the calls ------------------------------------------------------------------------------
     def allgather(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x)
+        ident = self._enter("allgather", x)
+        try:
+            return self._allgather(x)
+        finally:
+            self._leave(ident)
+
+    def _allgather(self, x):
         out = np.empty((self.size,) + x.shape, x.dtype)
         self.comm.Allgather(self._bytes(x), self._bytes(out))
         return out
 
     def allreduce(self, x: np.ndarray, op: str) -> np.ndarray:
         x = np.ascontiguousarray(x)
-        if x.size < self.size * _SPLIT_MIN:
-            return _REDUCE[op](self.allgather(x), axis=0).astype(x.dtype, copy=False)
-        return self._allreduce_split(x, op)
+        ident = self._enter(f"allreduce({op})", x)
+        try:
+            if x.size < self.size * _SPLIT_MIN:
+                return _REDUCE[op](self._allgather(x), axis=0).astype(x.dtype, copy=False)
+            return self._allreduce_split(x, op)
+        finally:
+            self._leave(ident)
 
     def _allreduce_split(self, x: np.ndarray, op: str) -> np.ndarray:
         """Bandwidth-optimal and still fixed-order: every rank receives one chunk of every rank's
@@ -99,19 +137,38 @@ class MPIComm:
 
     def bcast(self, x: np.ndarray, root: int = 0) -> np.ndarray:
         x = np.array(x, copy=True, order="C")
-        self.comm.Bcast(self._bytes(x), root=root)
+        ident = self._enter(f"bcast(root={root})", x)
+        try:
+            self.comm.Bcast(self._bytes(x), root=root)
+        finally:
+            self._leave(ident)
         return x
 
     def allgather_obj(self, obj):
-        return self.comm.allgather(obj)
+        ident = self._enter("allgather_obj", type(obj).__name__)
+        try:
+            return self.comm.allgather(obj)
+        finally:
+            self._leave(ident)
 
     def bcast_obj(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
+        ident = self._enter(f"bcast_obj(root={root})", type(obj).__name__)
+        try:
+            return self.comm.bcast(obj, root=root)
+        finally:
+            self._leave(ident)
 
     def dup(self):
         """A communicator of the same processes whose traffic cannot mix with this one's (for
-        a communication thread)."""
-        return MPIComm(self.comm.Dup())
+        a communication thread). Its calls are watched like this one's, under the label
+        ``"<label>.dup<n>"`` (the n-th dup of this communicator, the same on every rank)."""
+        ident = self._enter("dup")
+        try:
+            comm = self.comm.Dup()
+        finally:
+            self._leave(ident)
+        self._dups += 1
+        return MPIComm(comm, f"{self.label}.dup{self._dups}")
 
     def abort(self, code: int = 1):
         sys.stdout.flush()
@@ -139,6 +196,7 @@ def world():
                 _world = comm
                 _abort_on_uncaught_exception(comm)
                 limit_blas_threads()
+                watchdog.start(comm)
     return _world
 
 
@@ -161,14 +219,29 @@ def limit_blas_threads():
 
 
 def _abort_on_uncaught_exception(comm):
-    """An exception that ends one rank's script ends the whole job (its peers would otherwise wait
-    in their next collective forever). Errors that every rank raised (``consistent``) end each
-    rank normally instead, so every rank prints its message."""
-    previous = sys.excepthook
+    """An exception that ends one rank's script, or one of its threads, ends the whole job (its
+    peers would otherwise wait in their next collective until the watchdog's timeout). Errors
+    that every rank raised (``consistent``) end each rank normally instead, so every rank prints
+    its message."""
+    previous, previous_thread = sys.excepthook, threading.excepthook
 
     def hook(kind, value, tb):
+        if getattr(value, "consistent", False):
+            previous(kind, value, tb)
+            return
+        print(f"[replicate] rank {comm.rank}: uncaught {kind.__name__}; aborting the job",
+              file=sys.stderr, flush=True)
         previous(kind, value, tb)
-        if not getattr(value, "consistent", False):
-            comm.abort(1)
+        comm.abort(1)
+
+    def thread_hook(args):
+        if args.exc_type is SystemExit:
+            return
+        print(f"[replicate] rank {comm.rank}: uncaught {args.exc_type.__name__} in thread "
+              f"{getattr(args.thread, 'name', '?')!r}; aborting the job", file=sys.stderr,
+              flush=True)
+        previous_thread(args)
+        comm.abort(1)
 
     sys.excepthook = hook
+    threading.excepthook = thread_hook

@@ -12,9 +12,11 @@ from .. import state, tree
 from ..backends import get_backend
 from ..compiler import compile_graph
 from ..context import ReplicaContext, replica_scope
-from ..errors import CollectiveMismatchError, ReplicateError
+from ..errors import CollectiveMismatchError, ReplicateError, at_user_line, user_traceback
 from ..function import as_options, check_mode, to_numpy
 from ..graph.trace import signature
+from . import nan_check, watchdog
+from .checks import BatchChecker, checked_step_fn, warn_many_signatures
 from .comm import world
 from .replicated_graph import check_schedules, collective_schedule, compile_replicated
 
@@ -36,6 +38,11 @@ class Replicator:
     graph, collectives rewritten into in-process combines plus one MPI call) and ``"eager"``
     (define-by-run: ops run at once, collectives call MPI at once; one replica per process).
 
+    Failure handling: ``check_finite=True`` raises ``rp.NonFiniteError`` at the first step whose
+    outputs hold NaN or Inf (graph mode names the op that produced it); ``collective_timeout``
+    (seconds; default ``$REPLICATE_COLLECTIVE_TIMEOUT`` or 300; 0: none) is how long a
+    cross-process call may wait before the job is aborted with a report of the missing ranks.
+
     >>> import numpy as np, replicate as rp
     >>> w = rp.Variable(np.zeros(2), name="w")
     >>> def input_fn(ctx):
@@ -50,7 +57,8 @@ class Replicator:
     """
 
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
-                 replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None):
+                 replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
+                 check_finite: bool = False, collective_timeout: float | None = None):
         if not callable(input_fn) or not callable(step_fn):
             raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
         if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
@@ -58,6 +66,10 @@ class Replicator:
                                  f"{replicas_per_rank!r}")
         if outputs not in OUTPUT_REDUCTIONS:
             raise ReplicateError(f"outputs must be one of {OUTPUT_REDUCTIONS}, got {outputs!r}")
+        if not isinstance(check_finite, (bool, np.bool_)):
+            raise ReplicateError(f"check_finite must be True or False, got {check_finite!r}")
+        if collective_timeout is not None:
+            collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
         self.mode = check_mode(mode)
         if self.mode == "eager" and replicas_per_rank != 1:
             raise ReplicateError(
@@ -66,10 +78,14 @@ class Replicator:
                 "several replicas per process")
         self.backend = get_backend(backend)
         self.options = as_options(options)
-        self.input_fn, self.step_fn = input_fn, step_fn
+        self.input_fn, self.step_fn = input_fn, checked_step_fn(step_fn)
         self.k = int(replicas_per_rank)
         self.outputs = outputs
+        self.check_finite = bool(check_finite)
+        self._check_batches = BatchChecker(input_fn)
         self.comm = comm or world()
+        if collective_timeout is not None:
+            watchdog.set_timeout(collective_timeout)
         self.rank, self.num_ranks = self.comm.rank, self.comm.size
         self.num_replicas = self.k * self.num_ranks
         self.contexts = [ReplicaContext(self.rank * self.k + r, self.num_replicas, self.rank,
@@ -104,15 +120,21 @@ class Replicator:
         history = []
         try:
             while steps is None or len(history) < steps:
+                watchdog.set_step(self.step + 1, "input")
                 batches = self._next_batches()
                 if batches is None:
                     break
+                watchdog.set_step(self.step + 1, "step")
                 outputs = self._run_step(batches)
+                if self.check_finite:
+                    nan_check.check(self, outputs, self.step + 1)
                 history.append(outputs)
                 self.step += 1
+                watchdog.set_step(self.step, "callbacks")
                 for cb in callbacks:
                     cb(self, self.step, outputs)
         except (CollectiveMismatchError, ReplicateError) as e:
+            at_user_line(e)
             if getattr(e, "consistent", False) or self.num_ranks == 1:
                 raise
             self._abort()
@@ -141,8 +163,13 @@ class Replicator:
         return self.step
 
     def _abort(self):
-        print(f"[replicate] rank {self.rank} failed at step {self.step}:\n"
-              + traceback.format_exc(), file=sys.stderr, flush=True)
+        """One rank failed: print its traceback (the user's frames) with its rank and step, and
+        end the whole job (the other ranks would wait for this one forever)."""
+        kind, error, tb = sys.exc_info()
+        where = f"at step {watchdog.TRACKER.step} ({watchdog.TRACKER.phase})"
+        print(f"[replicate] rank {self.rank} failed {where}; aborting the job:\n"
+              + "".join(traceback.format_exception(kind, error, user_traceback(tb))),
+              file=sys.stderr, flush=True)
         self.comm.abort(1)
 
     def _next_batches(self):
@@ -152,6 +179,7 @@ class Replicator:
                 batches.append(next(it))
             except StopIteration:
                 batches.append(None)
+        self._check_batches(batches, self.step + 1, self.contexts)
         have = sum(b is not None for b in batches)
         counts = self.comm.allgather(np.array([have], np.int64)).ravel()
         if counts.min() == self.k:
@@ -196,12 +224,16 @@ class Replicator:
         entry = self.cache.get(key)
         if entry is None:
             entry = self.cache[key] = self._compile(batches)
+            warn_many_signatures(len(self.cache), self.step + 1)
         graph, run = entry
         meta = graph.meta
         for var in meta["variables"]:
             self._sync_variable(var)
         feed = [np.asarray(x) for b in batches for x in tree.flatten(b)[0]]
-        outs = run(feed + [v.value for v in meta["variables"]])
+        inputs = feed + [v.value for v in meta["variables"]]
+        if self.check_finite:  # kept to find the first non-finite node (nan_check)
+            self._last_step = (graph, inputs)
+        outs = run(inputs)
         n = meta["num_results"]
         for var, value in zip(meta["updated"], outs[n * self.k:]):
             var.value = value

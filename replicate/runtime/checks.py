@@ -1,0 +1,118 @@
+"""What the Replicator accepts from user code, checked where it enters: batches from ``input_fn``
+and outputs of ``step_fn``. A bad one is an ``InputError`` naming the user's function (its file
+and line), the replica, the step and the place in the nest — not a failure deep inside.
+
+* A batch is a nest (dicts, lists, tuples) of numeric or boolean arrays (or numbers). Its
+  structure is fixed by the first step; shapes and dtypes may change (each new signature compiles
+  once in graph mode — ``max_signatures`` distinct ones before a warning).
+* ``step_fn`` returns a nest of arrays (``rp.numpy`` arrays, Variables, NumPy arrays, numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import warnings
+
+import numpy as np
+
+from .. import tree
+from ..errors import InputError, function_location
+from ..graph.core import Array
+
+_BAD_KINDS = "OUSVMm"  # object, str, bytes, void, datetime, timedelta
+MAX_SIGNATURES = 8
+
+
+def leaf_paths(treedef, prefix="") -> list[str]:
+    """The path of every leaf of a flattened nest, e.g. ``["[0]", "['y'][1]"]``."""
+    if treedef == tree.LEAF:
+        return [prefix or "(the whole value)"]
+    kind = treedef[0]
+    if kind == "none":
+        return []
+    if kind == "dict":
+        keys = treedef[1]
+    else:
+        keys = range(treedef[1])
+    out = []
+    for key, sub in zip(keys, treedef[2]):
+        out.extend(leaf_paths(sub, f"{prefix}[{key!r}]"))
+    return out
+
+
+def _leaf_problem(x) -> str | None:
+    if isinstance(x, (Array, np.ndarray, np.generic, numbers.Number)) or hasattr(x, "read"):
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind in _BAD_KINDS:
+            return f"an array of dtype {np.dtype(dtype)}"
+        return None
+    try:
+        value = np.asarray(x)
+    except Exception:  # noqa: BLE001 - ragged lists and stranger things
+        return f"a {type(x).__name__} that is not an array"
+    if value.dtype.kind in _BAD_KINDS:
+        return f"a {type(x).__name__} (dtype {value.dtype})"
+    return None
+
+
+class BatchChecker:
+    """Checks every replica's batch of every step (cheap: a flatten and a type test per leaf)."""
+
+    def __init__(self, input_fn):
+        self.input_fn = input_fn
+        self.treedef = None
+        self.first_step = None
+
+    def __call__(self, batches, step, contexts):
+        for batch, ctx in zip(batches, contexts):
+            if batch is None:
+                continue
+            leaves, treedef = tree.flatten(batch)
+            where = (f"input_fn {function_location(self.input_fn)} yielded, for replica "
+                     f"{ctx.replica_id} at step {step},")
+            if not leaves:
+                raise InputError(f"{where} a batch without arrays: {batch!r}")
+            for leaf, path in zip(leaves, leaf_paths(treedef)):
+                problem = _leaf_problem(leaf)
+                if problem:
+                    raise InputError(f"{where} {problem} at batch{path}: batches must be nests "
+                                     "(dict, list, tuple) of numeric or boolean arrays")
+            if self.treedef is None:
+                self.treedef, self.first_step = treedef, step
+            elif treedef != self.treedef:
+                raise InputError(
+                    f"{where} a batch of another structure than at step {self.first_step}:\n"
+                    f"  step {self.first_step}: {_structure(self.treedef)}\n"
+                    f"  step {step}: {_structure(treedef)}\n"
+                    "Every batch must have the same nest structure (shapes may change).")
+
+
+def _structure(treedef) -> str:
+    return str(tree.unflatten(treedef, ["*"] * len(leaf_paths(treedef)))).replace("'*'", "*")
+
+
+def warn_many_signatures(count: int, step: int) -> None:
+    if count == MAX_SIGNATURES + 1:
+        warnings.warn(f"the step has been compiled for {count} different input signatures (batch "
+                      f"shapes or dtypes) by step {step}; each compiles anew and stays cached. "
+                      "Give batches constant shapes (rp.shard_batches(remainder='drop' or 'pad'))",
+                      stacklevel=4)
+
+
+def checked_step_fn(step_fn):
+    """``step_fn`` whose result is checked to be a nest of arrays (in both modes)."""
+
+    @functools.wraps(step_fn)
+    def step(batch):
+        out = step_fn(batch)
+        leaves, treedef = tree.flatten(out)
+        for leaf, path in zip(leaves, leaf_paths(treedef)):
+            problem = _leaf_problem(leaf)
+            if problem:
+                raise InputError(f"step_fn {function_location(step_fn)} returned {problem} at "
+                                 f"output{path}: return a nest (dict, list, tuple) of arrays, "
+                                 "e.g. {'loss': loss}")
+        return out
+
+    return step

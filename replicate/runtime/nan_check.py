@@ -1,0 +1,87 @@
+"""``Replicator(check_finite=True)``: stop at the first step whose outputs hold NaN or Inf.
+
+The outputs are checked after each step (they are already reduced over every replica, so every
+rank sees the same verdict and raises the same ``NonFiniteError``, before any callback — no
+checkpoint of the broken state is written). In graph mode the step is then run again node by node
+with the NumPy reference implementations on the same inputs, and the error names the first node
+whose value is not finite although its inputs are — its op and the user's source line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tree
+from ..errors import NonFiniteError, source_line
+from .checks import leaf_paths
+
+
+def _bad(value) -> str | None:
+    a = np.asarray(value)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return None
+    finite = np.isfinite(a)
+    if finite.all():
+        return None
+    kinds = [name for name, hit in (("nan", np.isnan(a).any()), ("inf", np.isinf(a).any()))
+             if hit]
+    return f"{'/'.join(kinds)} in {int(a.size - finite.sum())} of {a.size} value(s)"
+
+
+def non_finite_outputs(outputs) -> list[str]:
+    leaves, treedef = tree.flatten(outputs)
+    return [f"output{path}: {problem}" for leaf, path in zip(leaves, leaf_paths(treedef))
+            if (problem := _bad(leaf))]
+
+
+def first_non_finite_node(graph, inputs):
+    """Run ``graph`` node by node with the NumPy reference on ``inputs``; return a description
+    of the first place a non-finite value appears (an input, or a node with finite operands).
+
+    The whole graph runs even after a find: its cross-process collectives must run on every
+    rank alike (every rank re-runs its step together)."""
+    from ..backends.numpy_impl import IMPL
+
+    env, found = {}, None
+    names = graph.meta.get("input_names") or [f"input {i}" for i in range(len(graph.inputs))]
+    for x, value, name in zip(graph.inputs, inputs, names):
+        env[x.id] = value
+        problem = _bad(value)
+        if problem and found is None:
+            found = f"graph input {name!r} ({x.aval}) already holds {problem}"
+    for node in graph.nodes:
+        with np.errstate(all="ignore"):  # the values are checked below
+            value = np.asarray(IMPL[node.prim](*[env[i.id] for i in node.inputs], **node.attrs))
+        if value.dtype != node.out.aval.dtype:
+            value = value.astype(node.out.aval.dtype)
+        env[node.out.id] = value
+        if found is not None:
+            continue
+        problem = _bad(value)
+        if problem:
+            where = source_line(node.where) if node.where else "?"
+            operands = ", ".join(str(i.aval) for i in node.inputs)
+            found = f"{node.prim}({operands}) -> {node.out.aval} at {where}: {problem}"
+            found += (", received from another rank" if node.prim.startswith("mpi_") else
+                      ", from finite operands")
+    return found
+
+
+def check(rep, outputs, step) -> None:
+    """Raise ``NonFiniteError`` (on every rank alike) if the reduced outputs are not finite."""
+    bad = non_finite_outputs(outputs)
+    if not bad:
+        return
+    lines = [f"step {step}: step_fn returned non-finite values (check_finite=True):"]
+    lines += [f"  {b}" for b in bad]
+    last = getattr(rep, "_last_step", None)
+    if rep.mode == "graph" and last is not None:
+        graph, inputs = last
+        found = first_non_finite_node(graph, inputs)
+        lines.append(f"  first non-finite value (rank {rep.rank}, NumPy reference re-run): "
+                     + (found or "none on this rank: it comes from another rank's replicas"))
+    else:
+        lines.append("  (graph mode also names the first op that produced it)")
+    error = NonFiniteError("\n".join(lines))
+    error.consistent = True  # the outputs are the same on every rank: every rank raises this
+    raise error

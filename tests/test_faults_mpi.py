@@ -1,0 +1,215 @@
+"""The fault suite across processes: a rank that raises, is killed with SIGKILL, stalls, leaves
+early, calls a different collective or produces NaN. Every case runs ``mpiexec -n 2`` with a hard
+timeout and must end the whole job — non-zero exit, within a bounded time, a report naming the
+rank, the collective and the step — with no process left behind.
+
+The programs are in tests/programs/faults_mpi.py (scenarios) and faults_resume.py (kill and
+resume).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import MPIEXEC, PROGRAMS, child_env, mpirun, needs_mpi, report
+
+pytestmark = needs_mpi
+PROGRAM = "faults_mpi.py"
+EXIT_WITHIN = 10.0  # seconds from the fault to the end of the job (issue 7)
+STALL_TIMEOUT = 2  # REPLICATE_COLLECTIVE_TIMEOUT for the stall cases
+
+
+def marker_line(marker, program=PROGRAM):
+    with open(os.path.join(PROGRAMS, program)) as f:
+        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# MARK {marker}")]
+    assert len(hits) == 1, marker
+    return f"{program}:{hits[0]}"
+
+
+def orphans(token):
+    """Processes still running whose command line holds ``token``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_orphans(token):
+    deadline = time.monotonic() + 2.0
+    while orphans(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not orphans(token), f"processes left behind: {orphans(token)}"
+
+
+def faults(*args, timeout=60, **env):
+    token = f"tok-{uuid.uuid4().hex}"
+    result = mpirun(PROGRAM, *args, "--token", token, timeout=timeout, env=child_env(**env))
+    assert_no_orphans(token)
+    return result
+
+
+# -- a healthy run is not disturbed ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_healthy_run_finishes_without_reports(mode):
+    result = faults("ok", "--mode", mode, REPLICATE_COLLECTIVE_TIMEOUT=STALL_TIMEOUT)
+    assert result.returncode == 0, report(result)
+    for rank in (0, 1):
+        assert f"rank {rank} finished 8 steps" in result.stdout, report(result)
+    assert "[replicate]" not in result.stderr, report(result)
+
+
+# -- a rank fails ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_exception_on_any_rank_ends_the_job_within_10s(rank, mode):
+    result = faults("raise", "--mode", mode, "--rank", str(rank))
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.seconds < EXIT_WITHIN, text
+    assert f"[replicate] rank {rank} failed at step 3" in result.stderr, text
+    assert f"RuntimeError: injected failure on rank {rank}" in result.stderr, text
+    # the user's frame, not the library's
+    assert "faults_mpi.py" in result.stderr and "replicator.py" not in result.stderr, text
+    assert "finished" not in result.stdout, text
+
+
+def _run_and_kill(rank, step, mode):
+    """Start the job, SIGKILL rank ``rank`` from outside once it printed step ``step``; return
+    (returncode, seconds from the kill to the end of the job, stdout, stderr)."""
+    token = f"tok-{uuid.uuid4().hex}"
+    cmd = [MPIEXEC, "-n", "2", sys.executable, PROGRAM, "ok", "--mode", mode, "--steps", "1000",
+           "--sleep", "0.02", "--token", token]
+    proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines, pid, killed_at = [], None, None
+    deadline = time.monotonic() + 60
+    try:
+        for line in proc.stdout:  # (two ranks' lines may arrive glued together)
+            lines.append(line)
+            pid = pid or next(iter(re.findall(rf"rank {rank} pid (\d+)", line)), None)
+            steps = [int(s) for s in re.findall(rf"rank {rank} step (\d+)", line)]
+            if pid and steps and max(steps) >= step:
+                os.kill(int(pid), signal.SIGKILL)
+                killed_at = time.monotonic()
+                break
+            if time.monotonic() > deadline:
+                break
+        assert killed_at is not None, "".join(lines)
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"hang after kill -9 of rank {rank}:\n{''.join(lines)}{out}\n{err}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    seconds = time.monotonic() - killed_at
+    assert_no_orphans(token)
+    return proc.returncode, seconds, "".join(lines) + out, err
+
+
+@pytest.mark.parametrize("rank,mode", [(0, "graph"), (1, "graph"), (1, "eager")])
+def test_kill_9_of_any_rank_ends_the_job_within_10s(rank, mode):
+    code, seconds, out, err = _run_and_kill(rank, 5, mode)
+    assert code != 0, (out, err)
+    assert seconds < EXIT_WITHIN, (seconds, out, err)
+    assert "finished" not in out, (out, err)
+    assert "BAD TERMINATION" in out + err and "signal 9" in out + err, (out, err)
+
+
+# -- a rank stalls: the watchdog names it, the collective and the step -----------------------------
+def _assert_stall_report(result, collective, step_text, rank_where, limit=STALL_TIMEOUT):
+    text = report(result)
+    assert result.returncode != 0, text
+    # the timeout, the peers' answers (up to 2 s), the abort, and process start-up
+    assert result.seconds < limit + EXIT_WITHIN, text
+    assert "collective timed out: rank 0 waited" in result.stderr, text
+    assert collective in result.stderr, text
+    assert step_text in result.stderr, text
+    assert "ranks that have not arrived: [1]; arrived: [0]" in result.stderr, text
+    assert f"rank 1: has not arrived: {step_text}" in result.stderr, text
+    assert rank_where in result.stderr, text
+
+
+def test_stall_in_an_eager_step_is_reported_and_aborted():
+    result = faults("stall-step", "--mode", "eager", REPLICATE_COLLECTIVE_TIMEOUT=STALL_TIMEOUT)
+    _assert_stall_report(result, "allgather_obj #", "at step 3",
+                         f"main thread is at {marker_line('step-sleep')}")
+    assert f"called from {marker_line('first-collective')}" in result.stderr, report(result)
+
+
+def test_stall_in_input_fn_is_reported_and_aborted_graph_mode():
+    """The timeout given as a Replicator option (the environment has none)."""
+    result = faults("stall-input", "--mode", "graph", "--k", "2", "--timeout", str(STALL_TIMEOUT))
+    _assert_stall_report(result, "allgather #", "at step 3",
+                         f"main thread is at {marker_line('input-sleep')}")
+    assert "at step 3 (input)" in result.stderr, report(result)
+
+
+def test_stall_on_a_duplicate_communicator_in_another_thread():
+    """A communication thread (as the gradient-bucketing one) waits on ``world().dup()``."""
+    result = faults("stall-thread", REPLICATE_COLLECTIVE_TIMEOUT=STALL_TIMEOUT)
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.seconds < STALL_TIMEOUT + EXIT_WITHIN, text
+    assert "allreduce(sum) #0 on communicator 'world.dup1' (float64[50000])" in result.stderr, text
+    assert "(thread 'comm-thread')" in result.stderr, text
+    assert "ranks that have not arrived: [1]" in result.stderr, text
+    assert f"main thread is at {marker_line('thread-sleep')}" in result.stderr, text
+
+
+def test_rank_that_leaves_early_is_noticed_at_once():
+    """With the default timeout (300 s) a rank that exits while its peer waits for it in a
+    collective it will never join still ends the job in seconds (it says goodbye)."""
+    result = faults("exit-early", "--mode", "graph")
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.seconds < EXIT_WITHIN, text
+    assert "rank(s) [1] exited while rank 0 waits for them in allgather" in result.stderr, text
+    assert "rank 1: has exited, at step 3" in result.stderr, text
+    assert "rank 0 finished" not in result.stdout, text
+
+
+# -- processes disagree about a collective ---------------------------------------------------------
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_mismatch_names_the_first_divergent_collective_and_its_line(mode):
+    result = faults("mismatch-later", "--mode", mode)
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.seconds < EXIT_WITHIN, text
+    assert result.stderr.count("CollectiveMismatchError") >= 2, text  # every rank says it
+    assert "rank 1: " in result.stderr and marker_line("divergent") in result.stderr, text
+    assert marker_line("common") in result.stderr, text
+    assert marker_line("first-collective") not in result.stderr.split("Mismatch")[-1], text
+    if mode == "graph":
+        assert "processes disagree about cross-process collective #1:" in result.stderr, text
+    else:
+        assert "processes disagree about an eager collective" in result.stderr, text
+
+
+# -- NaN ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,step", [("graph", 1), ("eager", 3)])
+def test_non_finite_loss_stops_every_rank_with_the_step(mode, step):
+    result = faults("nan", "--mode", mode)
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.stderr.count("NonFiniteError: step") == 2, text
+    assert f"step {step}: step_fn returned non-finite values" in result.stderr, text
+    assert "output['loss']: inf" in result.stderr, text
+    if mode == "graph":
+        assert f"log(f64[4]) -> f64[4] at {marker_line('nan-source')}" in result.stderr, text
