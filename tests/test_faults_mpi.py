@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import pytest
 
 from conftest import MPIEXEC, PROGRAMS, child_env, mpirun, needs_mpi, report
@@ -88,12 +89,12 @@ def test_exception_on_any_rank_ends_the_job_within_10s(rank, mode):
     assert "finished" not in result.stdout, text
 
 
-def _run_and_kill(rank, step, mode):
-    """Start the job, SIGKILL rank ``rank`` from outside once it printed step ``step``; return
-    (returncode, seconds from the kill to the end of the job, stdout, stderr)."""
+def run_and_kill(args, rank, step):
+    """Start ``mpiexec -n 2 python ARGS``, SIGKILL rank ``rank`` from outside once it printed
+    step ``step``; return (returncode, seconds from the kill to the end of the job, stdout,
+    stderr)."""
     token = f"tok-{uuid.uuid4().hex}"
-    cmd = [MPIEXEC, "-n", "2", sys.executable, PROGRAM, "ok", "--mode", mode, "--steps", "1000",
-           "--sleep", "0.02", "--token", token]
+    cmd = [MPIEXEC, "-n", "2", sys.executable, *args, "--token", token]
     proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines, pid, killed_at = [], None, None
@@ -109,7 +110,9 @@ def _run_and_kill(rank, step, mode):
                 break
             if time.monotonic() > deadline:
                 break
-        assert killed_at is not None, "".join(lines)
+        if killed_at is None:
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"rank {rank} never reached step {step}:\n{''.join(lines)}{out}\n{err}")
         out, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -125,7 +128,8 @@ def _run_and_kill(rank, step, mode):
 
 @pytest.mark.parametrize("rank,mode", [(0, "graph"), (1, "graph"), (1, "eager")])
 def test_kill_9_of_any_rank_ends_the_job_within_10s(rank, mode):
-    code, seconds, out, err = _run_and_kill(rank, 5, mode)
+    args = [PROGRAM, "ok", "--mode", mode, "--steps", "1000", "--sleep", "0.02"]
+    code, seconds, out, err = run_and_kill(args, rank, 5)
     assert code != 0, (out, err)
     assert seconds < EXIT_WITHIN, (seconds, out, err)
     assert "finished" not in out, (out, err)
@@ -213,3 +217,53 @@ def test_non_finite_loss_stops_every_rank_with_the_step(mode, step):
     assert "output['loss']: inf" in result.stderr, text
     if mode == "graph":
         assert f"log(f64[4]) -> f64[4] at {marker_line('nan-source')}" in result.stderr, text
+
+
+# -- kill -9 mid-training, restart from the newest checkpoint: bitwise the uninterrupted run -------
+def _load(path):
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _assert_bitwise(a, b, what):
+    assert set(a) == set(b), what
+    for key in a:
+        if key != "_losses":
+            assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), \
+                f"{what}: {key} differs"
+
+
+@pytest.mark.parametrize("victim,corrupt", [(1, False), (0, True)])
+def test_kill_9_and_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, victim, corrupt):
+    """30 steps, a checkpoint every 3 (the last 3 kept). Rank ``victim`` is killed after step
+    16; the restarted job resumes from the newest checkpoint (or, when that one is then
+    truncated, from the one before, with a warning) and ends bitwise equal to a run that was
+    never interrupted, on both ranks."""
+    full, resumed = str(tmp_path / "full.npz"), str(tmp_path / "resumed.npz")
+    ck = str(tmp_path / "ck" / "step-{step:04d}.npz")
+    mpirun("faults_resume.py", full, "--steps", "30", check=True)
+    code, seconds, out, err = run_and_kill(
+        ["faults_resume.py", str(tmp_path / "killed.npz"), "--steps", "30", "--ckpt", ck,
+         "--sleep", "0.05"], victim, 16)
+    assert code != 0 and seconds < EXIT_WITHIN, (code, seconds, out, err)
+    assert not os.path.exists(str(tmp_path / "killed.npz")), out
+    saved = sorted(os.listdir(tmp_path / "ck"))
+    assert saved and len(saved) <= 3 and "step-0015.npz" in saved, saved
+    newest = ck.format(step=max(int(f[5:9]) for f in saved))
+    expect = int(newest[-8:-4])
+    if corrupt:
+        with open(newest, "r+b") as f:  # the newest checkpoint loses its tail
+            f.truncate(os.path.getsize(newest) // 2)
+        expect -= 3
+    result = mpirun("faults_resume.py", resumed, "--steps", "30", "--ckpt", ck, "--resume",
+                    check=True)
+    for rank in (0, 1):
+        assert f"rank {rank} resumed at step {expect}" in result.stdout, report(result)
+    if corrupt:
+        assert result.stderr.count("truncated or corrupt") == 2, report(result)  # each rank
+        assert "using the previous checkpoint" in result.stderr, report(result)
+    a, b = _load(full), _load(resumed)
+    assert int(a["_step"]) == int(b["_step"]) == 30
+    _assert_bitwise(a, b, "resumed vs uninterrupted")
+    assert a["_losses"][expect:].tobytes() == b["_losses"].tobytes()
+    _assert_bitwise(b, _load(resumed + ".rank1.npz"), "rank 0 vs rank 1")

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from .. import tree
+from ..errors import ReplicateError
 from . import checkpoint
 
 
@@ -49,15 +50,24 @@ class Every:
 
 class Checkpoint:
     """Save ``state`` every ``every`` steps to ``path_pattern.format(step=...)``; keep the last
-    ``keep`` files."""
+    ``keep`` files (0: all), counting the ones an earlier run left under the same pattern.
+
+    Resume with ``Replicator.restore(path_pattern, state)``: it takes the newest intact file (a
+    truncated or corrupt one is skipped with a warning), so keep at least 2."""
 
     def __init__(self, path_pattern: str, state, every: int, keep: int = 3):
+        if int(every) < 1 or int(keep) < 0:
+            raise ReplicateError(f"Checkpoint: every must be >= 1 and keep >= 0, got every="
+                                 f"{every!r}, keep={keep!r}")
         self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
-        self.written: list[str] = []
+        self.written: list[str] | None = None  # oldest first; found on disk at the first save
 
     def __call__(self, rep, step, outputs):
         if step % self.every:
             return
+        if self.written is None:
+            self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
+                            if s < step]
         path = self.pattern.format(step=step)
         checkpoint.save(path, self.state, step=step, comm=rep.comm)
         if rep.rank == 0:

@@ -4,6 +4,12 @@ Written atomically by rank 0 (temporary file in the same folder, fsync, rename),
 write never leaves a half-written checkpoint under the final name. On restore rank 0 reads the file
 and broadcasts it, so every rank ends in the same state even without a shared file system.
 
+Each array's SHA-256 (of its dtype, shape and bytes) is stored in the ``info`` entry; ``load``
+checks them, so a truncated or corrupted file is a ``CheckpointError``, never silently wrong
+state. Given a pattern with ``{step}`` (as ``rp.callbacks.Checkpoint`` writes),
+``restore``/``Replicator.restore`` take the newest checkpoint that is intact and warn about each
+newer one that is not.
+
 State is a nest (dicts/lists) of ``Variable``s, e.g. ``{"model": model.variables(),
 "opt": opt.variables()}``; array keys in the file are the nest paths (``var/model/0.weight``).
 
@@ -18,13 +24,17 @@ State is a nest (dicts/lists) of ``Variable``s, e.g. ``{"model": model.variables
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import os
+import re
 import tempfile
+import warnings
 
 import numpy as np
 
-from ..errors import ReplicateError
+from ..errors import CheckpointError, ReplicateError
 from ..state import Variable
 from .comm import world
 
@@ -66,8 +76,9 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -
     comm = comm or world()
     if comm.rank != 0:
         return
-    arrays = {f"var/{name}": var.value for name, var in named_variables(state).items()}
-    info = {"step": int(step), "meta": meta or {}, "format": 1}
+    arrays = {f"var/{name}": np.asarray(var.value) for name, var in named_variables(state).items()}
+    info = {"step": int(step), "meta": meta or {}, "format": 2,
+            "sha256": {key: digest(value) for key, value in arrays.items()}}
     arrays["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -91,36 +102,114 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -
         raise
 
 
+def digest(a: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and bytes."""
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
+
+
 def load(path: str) -> tuple[dict, dict]:
-    """Read a checkpoint: ({path: array}, info with 'step' and 'meta')."""
-    with np.load(path) as data:
-        arrays = {k[4:]: data[k] for k in data.files if k.startswith("var/")}
-        info = json.loads(bytes(data["info"]).decode())
-    return arrays, info
+    """Read a checkpoint and verify its checksums: ({path: array}, info with 'step' and 'meta').
+
+    A missing, truncated or corrupt file raises ``CheckpointError``."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise CheckpointError(f"cannot read checkpoint {path!r}: no such file") from None
+    except Exception as e:  # noqa: BLE001 - zipfile, zlib, EOF, format errors: all "corrupt"
+        raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or corrupt): "
+                              f"{type(e).__name__}: {e}") from None
+    try:
+        info = json.loads(bytes(arrays.pop("info")).decode())
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot read checkpoint {path!r}: no valid info entry ({e})") \
+            from None
+    sums = info.get("sha256")
+    if sums is not None:  # format 1 files have none
+        if set(sums) != set(arrays):
+            raise CheckpointError(f"checkpoint {path!r} is corrupt: its arrays "
+                                  f"{sorted(set(arrays) ^ set(sums))} do not match its index")
+        for key, value in arrays.items():
+            if digest(value) != sums[key]:
+                raise CheckpointError(f"checkpoint {path!r} is corrupt: checksum mismatch in "
+                                      f"{key[4:]!r}")
+    return {k[4:]: v for k, v in arrays.items() if k.startswith("var/")}, info
+
+
+def step_files(pattern: str) -> list[tuple[int, str]]:
+    """The files a ``{step}`` pattern (``"ck/step-{step:06d}.npz"``) names, newest first."""
+    m = re.search(r"\{step(:[^}]*)?\}", pattern)
+    if not m:
+        return [(0, pattern)] if os.path.exists(pattern) else []
+    head, tail = pattern[:m.start()], pattern[m.end():]
+    if "{" in head + tail:
+        raise ReplicateError(f"checkpoint pattern {pattern!r}: only {{step}} may be a field")
+    regex = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
+    found = []
+    for path in glob.glob(glob.escape(head) + "*" + glob.escape(tail)):
+        hit = regex.match(path)
+        if hit:
+            found.append((int(hit.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def load_latest(pattern: str) -> tuple[dict, dict, str, list[str]]:
+    """The newest intact checkpoint a ``{step}`` pattern names: (arrays, info, path, skipped),
+    ``skipped`` saying why each newer file was passed over."""
+    candidates = step_files(pattern)
+    if not candidates:
+        raise CheckpointError(f"no checkpoint matches {pattern!r}")
+    skipped = []
+    for _, path in candidates:
+        try:
+            arrays, info = load(path)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        return arrays, info, path, skipped
+    raise CheckpointError(f"no intact checkpoint matches {pattern!r}:\n  " + "\n  ".join(skipped))
 
 
 def restore(path: str, state, comm=None) -> dict:
-    """Load ``path`` into the Variables of ``state`` on every rank; return its info dict."""
+    """Load ``path`` into the Variables of ``state`` on every rank; return its info dict (with
+    ``"path"``: the file used).
+
+    ``path`` may be a pattern with ``{step}``: the newest intact file is used, with a warning for
+    each newer one that is truncated or corrupt."""
     comm = comm or world()
     payload = None
     if comm.rank == 0:
         try:
-            payload = load(path)
+            if "{" in path:
+                payload = load_latest(path)
+            else:
+                payload = (*load(path), path, [])
         except Exception as e:  # noqa: BLE001 - reported on every rank below
-            payload = ReplicateError(f"cannot read checkpoint {path!r}: {e}")
+            payload = e if isinstance(e, ReplicateError) else CheckpointError(
+                f"cannot read checkpoint {path!r}: {e}")
     payload = comm.bcast_obj(payload, 0)
     if isinstance(payload, Exception):
+        payload.consistent = True  # every rank raises it
         raise payload
-    arrays, info = payload
+    arrays, info, used, skipped = payload
+    for reason in skipped:
+        warnings.warn(f"{reason}; using the previous checkpoint instead", stacklevel=2)
     variables = named_variables(state)
     missing = sorted(set(variables) - set(arrays))
-    if missing:
-        raise ReplicateError(f"checkpoint {path!r} lacks {missing}")
+    problems = [f"lacks {missing}"] if missing else []
     for name, var in variables.items():
-        value = arrays[name]
-        if value.shape != var.value.shape or value.dtype != var.value.dtype:
-            raise ReplicateError(f"checkpoint {path!r}: {name} is {value.dtype}{value.shape}, "
-                                 f"the variable is {var.value.dtype}{var.value.shape}")
-        var.value = np.array(value)
+        value = arrays.get(name)
+        if value is not None and (value.shape, value.dtype) != (var.value.shape, var.value.dtype):
+            problems.append(f"{name} is {value.dtype}{value.shape}, the variable is "
+                            f"{var.value.dtype}{var.value.shape}")
+    if problems:
+        error = CheckpointError(f"checkpoint {used!r} does not fit the state: "
+                                + "; ".join(problems))
+        error.consistent = True  # every rank has the same file and the same state
+        raise error
+    for name, var in variables.items():
+        var.value = np.array(arrays[name])
         var._eager = None
-    return info
+    return dict(info, path=used)

@@ -150,7 +150,11 @@ class Replicator:
     def restore(self, path: str, state) -> int:
         """Load a checkpoint into ``state`` (a nest of Variables) on every rank and continue
         from its step: the input functions restart with ``ctx.start_step`` set to it (which
-        ``rp.shard_batches`` honours). Call before ``run``; returns the step."""
+        ``rp.shard_batches`` honours). Call before ``run``; returns the step.
+
+        ``path`` may be a ``{step}`` pattern (as given to ``rp.callbacks.Checkpoint``): the
+        newest intact checkpoint is used, and each newer corrupt one is skipped with a
+        warning."""
         from dataclasses import replace
 
         from .checkpoint import restore
