@@ -6,6 +6,8 @@ primitive declared without its rules.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,25 @@ def test_unknown_primitive_fails_clearly():
 
     with pytest.raises(MissingRuleError, match="no primitive named 'not_a_primitive'"):
         bind("not_a_primitive", rnp.asarray(1.0))
+
+
+# -- the JAX table: every primitive that runs on the device (all but the collectives) ------------
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
+
+
+@needs_jax
+def test_jax_table_has_every_device_primitive_and_nothing_else():
+    from replicate.backends.jax_impl import JAX
+    from replicate.backends.jax_impl import missing_rules as missing_jax
+
+    assert missing_jax() == []
+    assert [f"jax rule for undeclared primitive {n}" for n in sorted(JAX) if n not in REGISTRY] \
+        == []
+    assert not any(REGISTRY[n].kind == primitives.COLLECTIVE for n in JAX)  # those run on host
+
+
+@needs_jax
+def test_jax_check_detects_a_missing_rule(fake_primitive):
+    from replicate.backends.jax_impl import missing_rules as missing_jax
+
+    assert missing_jax() == ["no jax rule for fake_unary"]

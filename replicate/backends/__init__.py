@@ -23,14 +23,41 @@ from importlib import import_module
 
 from ..errors import ReplicateError
 
-_MODULES = {"numpy": "replicate.backends.numpy_backend"}
+_MODULES = {
+    "numpy": "replicate.backends.numpy_backend",
+    "jax": "replicate.backends.jax_backend",
+    "null": "replicate.backends.null_backend",
+    "cupy": "replicate.backends.cupy_backend",
+}
+# backend -> the pip extra that installs what it needs, when not its own name
+_EXTRAS = {"cupy": "cuda12"}
 
 
 def get_backend(name: str):
+    """The backend module called ``name``; a clear error when what it needs is not installed.
+
+    >>> get_backend("numpy").name
+    'numpy'
+    """
     if name not in _MODULES:
         raise ReplicateError(f"unknown backend {name!r}; choose one of {sorted(_MODULES)}")
-    return import_module(_MODULES[name])
+    try:
+        return import_module(_MODULES[name])
+    except ImportError as e:
+        if (e.name or "").startswith("replicate"):
+            raise
+        extra = _EXTRAS.get(name, name)
+        raise ReplicateError(f"the {name!r} backend needs {e.name or 'a package'}, which is not "
+                             f"installed: pip install 'replicate[{extra}]'") from e
 
 
 def available() -> list[str]:
-    return sorted(_MODULES)
+    """The backends that can be used here (their packages import); ``numpy`` always."""
+    names = []
+    for name in _MODULES:
+        try:
+            get_backend(name)
+        except ReplicateError:
+            continue
+        names.append(name)
+    return sorted(names)

@@ -1,0 +1,553 @@
+"""Every backend matches the NumPy reference: each primitive, forward and gradient; whole steps.
+
+The backends under test are ``replicate.backends.available()`` less ``numpy`` (the reference) and
+``null`` (it records, it does not compute), so a new backend is tested as soon as it is registered;
+``jax`` is always listed, and skipped only when JAX is not installed.
+
+* Primitives: the case table of ``tests/test_ops.py`` (every public op, every dtype it has cases
+  for). The cases of one op run as one graph (one compile per op, not per case) on the backend
+  and on ``numpy``; forward results, gradients (float64 and float32 cases) and the selected
+  gradients of gradients must agree within the dtype's tolerance, ints and bools exactly.
+  Random bits and uniform numbers (so keys, Bernoulli and categorical draws) agree bit for bit.
+* Whole steps: the graph-mode steps of ``tests/test_modes.py`` (MLP SGD step, conv net with
+  pooling, WGAN-GP penalty) and a ``rp.Replicator`` with 2 replicas per process using every
+  collective (host nodes between device segments), in one process and in two (``mpiexec -n 2``,
+  bucketed gradients with overlapped communication), give the same losses and parameters.
+* The JAX backend itself: one trace per segment however many calls, no copy of the caller's
+  arrays is changed (donation), a host value that is not an array passes through untouched,
+  and a clear error when JAX is missing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import importlib.util
+import os
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import replicate as rp
+import replicate.numpy as rnp
+from replicate.backends import available
+from replicate.errors import MissingRuleError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_modes as modes  # noqa: E402
+import test_ops as ops  # noqa: E402
+
+from conftest import mpirun, needs_mpi, report  # noqa: E402
+
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+
+
+def backends_under_test() -> list:
+    names = [n for n in available() if n not in ("numpy", "null")]
+    if HAVE_JAX and "jax" not in names:
+        names.append("jax")  # installed but not importable: let its tests fail, not skip
+    params = [pytest.param(n, id=n) for n in sorted(names)]
+    if not HAVE_JAX:
+        params.append(pytest.param("jax", id="jax",
+                                   marks=pytest.mark.skip(reason="jax not installed")))
+    return params
+
+
+BACKENDS = backends_under_test()
+only_jax = pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
+
+
+def tolerance(dtype):
+    """(rtol, atol) by dtype: float32 ~1e-5, float64 ~1e-10, everything else exact."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        return 0.0, 0.0
+    if dtype.itemsize <= 4:
+        return 1e-5, 1e-6
+    return 1e-10, 1e-12
+
+
+def assert_same(actual, expected, what=""):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    rtol, atol = tolerance(expected.dtype)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+
+
+def assert_nests_same(actual, expected, what=""):
+    if isinstance(expected, dict):
+        assert sorted(actual) == sorted(expected), what
+        for k in expected:
+            assert_nests_same(actual[k], expected[k], f"{what}[{k!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), what
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_nests_same(a, e, f"{what}[{i}]")
+    else:
+        assert_same(actual, expected, what)
+
+
+# ================================================================================================
+# Primitives: the cases of test_ops, one graph per op.
+# ================================================================================================
+def grouped(cases) -> dict:
+    groups = collections.defaultdict(list)
+    for c in cases:
+        groups[c.op].append(c)
+    return dict(groups)
+
+
+def float_output(c) -> bool:
+    return all(np.asarray(o).dtype.kind == "f" for o in ops.leaves(c.ref(*c.sample())))
+
+
+FORWARD = grouped(ops.CASES)
+GRAD64 = grouped(ops.GRAD_CASES)
+GRAD32 = [c for c in ops.CASES if c.grad and "float32" in {i.dtype for i in c.inputs}
+          and all(np.dtype(i.dtype).kind == "f" for i in c.inputs) and float_output(c)]
+GG = grouped(ops.GG_CASES)
+
+
+def forward_fn(cases):
+    """One function computing every case: the flat inputs of all cases in, per case its leaves."""
+    sizes = [len(c.inputs) for c in cases]
+
+    def f(*flat):
+        outs, k = [], 0
+        for c, n in zip(cases, sizes):
+            outs.append(ops.leaves(c.fn(*flat[k:k + n])))
+            k += n
+        return outs
+
+    return f
+
+
+def gradient_fn(cases, order=1):
+    """Per case: d loss / d (its float inputs); order 2: the gradient of <that gradient, v>."""
+    sizes = [len(c.inputs) for c in cases]
+    data = []
+    for c in cases:
+        xs = c.sample()
+        wrt = ops.float_inputs(xs)
+        rng = np.random.default_rng(zlib.crc32(("v" + c.id).encode()))
+        data.append((ops.loss_of(c, ops.cotangents(c, xs)), wrt,
+                     [rng.standard_normal(xs[i].shape) for i in wrt]))
+
+    def f(*flat):
+        outs, k = [], 0
+        for (loss, wrt, vs), n in zip(data, sizes):
+            args = flat[k:k + n]
+            k += n
+            targets = [args[i] for i in wrt]
+            grads = rp.grad(loss(*args), targets)
+            if order == 2:
+                inner = builtins.sum(rnp.sum(g * v) for g, v in zip(grads, vs))
+                grads = rp.grad(inner, targets)
+            outs.append(list(grads))
+        return outs
+
+    return f
+
+
+_reference_cache: dict = {}
+
+
+def run_cases(kind, key, cases, make, backend):
+    """Run the group on ``backend`` and (once per group) on numpy; compare case by case."""
+    fn = make(cases)
+    flat = [x for c in cases for x in c.sample()]
+    with np.errstate(all="ignore"):  # 1 / 0, inf - inf: as NumPy
+        if (kind, key) not in _reference_cache:
+            _reference_cache[(kind, key)] = rp.function(fn)(*flat)
+        want = _reference_cache[(kind, key)]
+        got = rp.function(fn, backend=backend)(*flat)
+    assert len(got) == len(want) == len(cases)
+    for c, g, w in zip(cases, got, want):
+        assert len(g) == len(w), c.id
+        for i, (a, e) in enumerate(zip(g, w)):
+            assert_same(a, e, what=f"{kind} {c.id} output {i} on {backend}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", sorted(FORWARD))
+def test_forward(backend, op):
+    run_cases("forward", op, FORWARD[op], forward_fn, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", sorted(GRAD64))
+def test_gradient_float64(backend, op):
+    run_cases("gradient", op, GRAD64[op], gradient_fn, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_float32(backend):
+    run_cases("gradient32", "all", GRAD32, gradient_fn, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", sorted(GG))
+def test_gradient_of_gradient(backend, op):
+    run_cases("gradient2", op, GG[op], lambda cs: gradient_fn(cs, order=2), backend)
+
+
+def random_draws(k, logits):
+    return [v for _, v in sorted(ops.draws(k, logits).items())]
+
+
+def test_the_cases_reach_every_device_primitive():
+    """The tests here exercise every primitive a backend lowers (all but the collectives and the
+    fused groups, which only the NumPy pipeline's fusion pass makes)."""
+    from replicate.graph.primitives import COLLECTIVE, REGISTRY
+
+    key = rnp.random.key(0).numpy()
+    seen = {n.prim for n in rp.function(random_draws).graph(key, ops.LOGITS).nodes}
+    for groups, make in ((FORWARD, forward_fn), (GRAD64, gradient_fn)):
+        for cases in groups.values():
+            flat = [x for c in cases for x in c.sample()]
+            with np.errstate(all="ignore"):
+                seen |= {n.prim for n in rp.function(make(cases)).graph(*flat).nodes}
+    device = {n for n, p in REGISTRY.items() if p.kind not in (COLLECTIVE, "fused")}
+    assert device - seen == set()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_numbers_are_bitwise_equal(backend):
+    want_fn, got_fn = rp.function(random_draws), rp.function(random_draws, backend=backend)
+    for seed in (0, 3, 2**40):
+        k = rnp.random.key(seed).numpy()
+        want, got = want_fn(k, ops.LOGITS), got_fn(k, ops.LOGITS)
+        for name, a, b in zip(sorted(ops.EXPECTED), got, want):
+            if name.startswith("normal"):  # Box-Muller: log, cos, sqrt round as the backend's do
+                assert_same(a, b, f"{name} (seed {seed}) on {backend}")
+                continue
+            a = np.asarray(a)
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert a.tobytes() == b.tobytes(), f"{name} (seed {seed}) on {backend}"
+
+    def more(k):
+        return (rnp.random.uniform(k, (1000, 3)), rnp.random.split(k, 5),
+                rnp.random.uniform(k, (7,), np.float64, minval=-1.0, maxval=2.0))
+
+    key = rnp.random.key(9).numpy()
+    for a, b in zip(rp.function(more, backend=backend)(key), rp.function(more)(key)):
+        assert np.asarray(a).tobytes() == b.tobytes()
+
+
+# ================================================================================================
+# Whole steps.
+# ================================================================================================
+STEPS = {"mlp": (modes.make_mlp_step, modes.MLP_INIT, modes.MLP_BATCHES),
+         "conv": (modes.make_cnn_step, modes.CNN_INIT, modes.CNN_BATCHES),
+         "wgan-gp": (modes.make_gp_step, modes.GP_INIT, modes.GP_BATCHES)}
+
+
+def run_step(make_step, init, batches, backend):
+    params = modes.variables(init)
+    fn = rp.function(make_step(params), backend=backend)
+    outs = [fn(*batch) for batch in batches]
+    return outs, modes.snapshot(params), fn
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", sorted(STEPS))
+def test_whole_step_matches_numpy(backend, model):
+    make_step, init, batches = STEPS[model]
+    want_outs, want_params, _ = run_step(make_step, init, batches, "numpy")
+    outs, params, fn = run_step(make_step, init, batches, backend)
+    assert_nests_same(outs, want_outs, f"{model} outputs")
+    assert_nests_same(params, want_params, f"{model} parameters")
+    assert fn.trace_count == 1
+    traced = getattr(fn.executable(*batches[0]).run, "traces", None)  # jitted segments: once each
+    if traced is not None:
+        assert traced == sum(k.startswith("jit") for k in fn.executable(*batches[0]).kernels)
+    assert not np.allclose(params[sorted(params)[0]], init[sorted(params)[0]])
+
+
+N_FEATURES, N_HIDDEN, N_CLASSES = 5, 8, 3
+
+
+def replicated_training(backend, steps=4, k=2, options=None):
+    """An MLP trained with 2 replicas per process: Adam on all-reduced gradients, plus every
+    other collective (gather, broadcast, reduce_scatter, permute, max) in the loss and outputs."""
+    rng = np.random.default_rng(7)
+    params = {"w1": rp.Variable(rng.normal(size=(N_FEATURES, N_HIDDEN)) * 0.5, name="w1"),
+              "b1": rp.Variable(np.zeros(N_HIDDEN), name="b1"),
+              "w2": rp.Variable(rng.normal(size=(N_HIDDEN, N_CLASSES)) * 0.5, name="w2")}
+    opt = rp.wrap_optimizer(rp.optim.Adam(params, lr=0.05))
+    x = rng.normal(size=(64, N_FEATURES))
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
+
+    def input_fn(ctx):
+        return rp.shard_batches((x, y), 8, ctx, seed=1, epochs=None)
+
+    def step_fn(batch):
+        bx, by = batch
+        h = rnp.tanh(bx @ params["w1"] + params["b1"])
+        logits = h @ params["w2"]
+        logp = logits - rnp.logsumexp(logits, axis=-1, keepdims=True)
+        loss = -rnp.take_along_axis(logp, rnp.expand_dims(by, -1), axis=-1).mean()
+        centre = rp.broadcast(rnp.mean(h, axis=0), root=1)  # a regulariser made of collectives
+        spread = rp.all_gather(rnp.mean(h * h, axis=0)).sum() + rp.permute(loss, 1)
+        total = loss + 0.01 * rnp.sum(centre ** 2) + 0.001 * spread
+        opt.apply(rp.grad(total, params))
+        chunk = rp.reduce_scatter(rnp.sum(h, axis=0), "sum")
+        return {"loss": loss, "max": rp.all_reduce(loss, "max"), "chunk": chunk}
+
+    rep = rp.Replicator(input_fn, step_fn, backend=backend, replicas_per_rank=k,
+                        outputs="per_replica", options=options)
+    history = rep.run(steps)
+    return history, {n: v.numpy().copy() for n, v in params.items()}, rep
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replicator_with_collectives_matches_numpy(backend):
+    want_hist, want_params, _ = replicated_training("numpy")
+    hist, params, rep = replicated_training(backend)
+    assert_nests_same(hist, want_hist, "per-step outputs")
+    assert_nests_same(params, want_params, "parameters")
+    assert rep.trace_count == 1
+    assert any(abs(params[n] - p).max() > 1e-3 for n, p in
+               replicated_training("numpy", steps=0)[1].items())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replicator_two_processes_matches_numpy(backend):
+    """2 processes x 2 replicas, gradients in several buckets whose communication overlaps the
+    backward pass (comm_start / comm_wait between device segments): as NumPy, on every rank."""
+    result = mpirun(os.path.abspath(__file__), backend, cwd=os.path.dirname(__file__),
+                    timeout=240)
+    assert result.returncode == 0, report(result)
+    assert result.stdout.count("parity ok") == 2, report(result)
+
+
+for _mark in needs_mpi:
+    test_replicator_two_processes_matches_numpy = _mark(test_replicator_two_processes_matches_numpy)
+
+
+def two_process_main(backend):
+    options = {"bucket_bytes": 200, "overlap": True}
+    want_hist, want_params, _ = replicated_training("numpy", options=options)
+    hist, params, rep = replicated_training(backend, options=options)
+    assert_nests_same(hist, want_hist, "per-step outputs")
+    assert_nests_same(params, want_params, "parameters")
+    prims = {n.prim for n in rep.executable().graph.nodes}
+    assert {"comm_start", "comm_wait"} <= prims, sorted(prims)
+    print(f"rank {rep.rank}: parity ok on {backend}", flush=True)
+
+
+# ================================================================================================
+# The JAX backend's own promises.
+# ================================================================================================
+def counting_step():
+    w = rp.Variable(np.linspace(-1.0, 1.0, 6).reshape(3, 2), name="w")
+
+    def step(x):
+        loss = rnp.sum(rnp.tanh(x @ w) ** 2)
+        w.assign(w - 0.1 * rp.grad(loss, w))
+        return loss
+
+    return w, step
+
+
+@only_jax
+def test_jax_traces_once_and_dispatches_after():
+    w, step = counting_step()
+    f = rp.function(step, backend="jax")
+    x = np.ones((4, 3))
+    losses = [float(f(x)) for _ in range(5)]
+    program = f.executable(x).run
+    assert f.trace_count == 1 and program.traces == 1  # one segment, traced once
+    assert len(f.executable(x).kernels) == 1 and f.executable(x).kernels[0].startswith("jit[")
+    w2, step2 = counting_step()
+    g = rp.function(step2)
+    assert losses == pytest.approx([float(g(x)) for _ in range(5)], rel=1e-12)
+    np.testing.assert_allclose(w.numpy(), w2.numpy(), rtol=1e-12)
+
+
+@only_jax
+def test_jax_segments_between_host_collectives_trace_once():
+    _, _, rep = replicated_training("jax", steps=3)
+    exe = rep.executable()
+    jits = [k for k in exe.kernels if k.startswith("jit")]
+    hosts = [k for k in exe.kernels if k.startswith("host")]
+    assert len(jits) >= 2 and hosts, exe.kernels  # device segments split by host collectives
+    assert exe.run.traces == len(jits)
+
+
+@only_jax
+@pytest.mark.parametrize("donate", [False, True])
+def test_jax_never_changes_the_callers_arrays(monkeypatch, donate):
+    from replicate.backends import jax_backend
+
+    monkeypatch.setattr(jax_backend, "DONATE", donate)
+    w, step = counting_step()
+    f = rp.function(step, backend="jax")
+    x = np.ones((4, 3))
+    start = w.numpy().copy()
+    held = [w.numpy()]  # the caller keeps every value the variable had
+    copies = [start]
+    for _ in range(4):
+        f(x)
+        held.append(w.numpy())
+        copies.append(w.numpy().copy())
+    for h, c in zip(held, copies):
+        np.testing.assert_array_equal(h, c)  # still readable, still the same numbers
+    assert not np.array_equal(held[0], held[-1])
+    np.testing.assert_array_equal(x, np.ones((4, 3)))
+
+
+@only_jax
+def test_jax_output_views_come_back_without_a_copy():
+    import jax
+
+    w, step = counting_step()
+    f = rp.function(step, backend="jax")
+    x = np.ones((4, 3))
+    f(x)
+    program = f.executable(x).run
+    view = w.numpy()
+    assert id(view) in program._views
+    device = program._views[id(view)][1]
+    assert isinstance(device, jax.Array)
+    f(x)  # the device array behind the view went in; a new view came out
+    assert id(w.numpy()) in program._views and w.numpy() is not view
+
+
+@only_jax
+def test_jax_host_handles_pass_between_host_nodes(monkeypatch):
+    """A host node may return a handle (say, an in-flight communication) that only another host
+    node reads: the backend passes it along untouched, and the device values around it."""
+    from replicate.backends.jax_backend import lower
+    from replicate.backends.numpy_impl import IMPL
+    from replicate.graph import primitives
+    from replicate.graph.core import Array, AVal, Graph, Node
+
+    class Handle:
+        def __init__(self, value):
+            self.value = value
+
+    monkeypatch.setitem(primitives.REGISTRY, "fake_start", primitives.Primitive(
+        "fake_start", primitives.COLLECTIVE, lambda a: a, False))
+    monkeypatch.setitem(primitives.REGISTRY, "fake_wait", primitives.Primitive(
+        "fake_wait", primitives.COLLECTIVE, lambda h, **_: h, False))
+    started = []
+
+    def start(x):
+        assert type(x) is np.ndarray  # device values reach host nodes as host arrays
+        started.append(x)
+        return Handle(x * 2.0)
+
+    def wait(h, *others):
+        assert isinstance(h, Handle)
+        return h.value
+
+    monkeypatch.setitem(IMPL, "fake_start", start)
+    monkeypatch.setitem(IMPL, "fake_wait", wait)
+    aval = AVal((3,), np.dtype(np.float64))
+
+    def node(prim, *inputs, **attrs):
+        n = Node(prim, inputs, attrs)
+        n.out = Array(aval, node=n)
+        return n
+
+    x = Array(aval)
+    a = node("exp", x)
+    s = node("fake_start", a.out)
+    b = node("tanh", x)  # device work between start and wait
+    t = node("fake_wait", s.out, b.out)
+    c = node("add", t.out, b.out)
+    graph = Graph([x], [a, s, b, t, c], [c.out, b.out])
+    exe = lower(graph)
+    assert exe.kernels == ["jit[1 ops]", "host[fake_start]", "jit[1 ops]", "host[fake_wait]",
+                           "jit[1 ops]"]
+    v = np.array([0.0, 0.5, -1.0])
+    for _ in range(2):
+        out, th = exe([v])
+        np.testing.assert_allclose(out, 2 * np.exp(v) + np.tanh(v), rtol=1e-12)
+        np.testing.assert_allclose(th, np.tanh(v), rtol=1e-12)
+    assert exe.run.traces == 3
+
+
+@only_jax
+def test_jax_runs_fused_groups_and_large_constants():
+    """The JAX pipeline leaves fusion to XLA, but a graph fused by the NumPy pipeline runs too;
+    a large constant is moved to the device once and passed in."""
+    from replicate.backends import jax_backend
+    from replicate.compiler import optimize
+    from replicate.graph.passes import PIPELINE
+    from replicate.graph.primitives import REGISTRY
+
+    table = np.arange(40000.0).reshape(4, 10000) / 7.0  # 320 kB: not a literal
+
+    def f(x, y):
+        return rnp.tanh(x * 2.0 + y).sum(axis=1), rnp.exp(x) * y, x[0] @ (table[:4] * y[0])
+
+    x, y = np.linspace(-1, 1, 12).reshape(3, 4), np.linspace(0, 1, 4)
+    graph = rp.function(f).graph(x, y)
+    if "fusion" in PIPELINE:
+        graph = optimize(graph, tuple(PIPELINE))
+        assert any(n.prim == "fused" for n in graph.nodes)
+    else:
+        assert "fused" not in REGISTRY
+    exe = jax_backend.lower(graph)
+    assert any(v is not None for v in exe.run._template)  # the table, on the device
+    want = rp.function(f)(x, y)
+    for _ in range(2):
+        for a, b in zip(exe([x, y]), want):
+            assert_same(a, b)
+    assert exe.run.traces == 1
+
+
+@only_jax
+def test_jax_outputs_that_are_inputs_constants_or_repeated():
+    def f(x, y):
+        z = x * 2.0
+        return x, rnp.asarray(3.0), z, z, y, rnp.ones((2,)) * 4.0
+
+    x, y = np.arange(3.0), np.arange(4, dtype=np.int32)
+    g = rp.function(f, backend="jax")
+    for _ in range(3):
+        out = g(x, y)
+        for a, b in zip(out, rp.function(f)(x, y)):
+            assert_same(a, b)
+        x = out[2]  # an output view back in as an input
+    np.testing.assert_array_equal(out[2], np.arange(3.0) * 8.0)
+
+
+@only_jax
+def test_jax_missing_rule_fails_at_lowering(monkeypatch):
+    from replicate.backends.jax_impl import JAX
+
+    monkeypatch.delitem(JAX, "tanh")
+    with pytest.raises(MissingRuleError, match="no jax rule for tanh"):
+        rp.function(lambda x: rnp.tanh(x), backend="jax")(np.ones(2))
+
+
+@only_jax
+def test_jax_backend_runs_every_pass_but_fusion_and_memory():
+    from replicate.backends import jax_backend
+    from replicate.graph.passes import PIPELINE
+
+    assert jax_backend.passes == tuple(p for p in PIPELINE if p not in ("fusion", "memory"))
+    assert "fusion" not in jax_backend.passes and "dce" in jax_backend.passes
+
+
+def test_missing_jax_is_a_clear_error(monkeypatch):
+    from replicate.backends import get_backend
+
+    monkeypatch.setitem(sys.modules, "jax", None)  # import jax now raises ImportError
+    for name in [m for m in sys.modules if m.startswith("replicate.backends.jax")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(rp.ReplicateError, match=r"pip install 'replicate\[jax\]'"):
+        get_backend("jax")
+    with pytest.raises(rp.ReplicateError, match="jax"):
+        rp.function(lambda x: x, backend="jax")
+    assert "jax" not in available() and "numpy" in available()
+
+
+if __name__ == "__main__":  # run by test_replicator_two_processes_matches_numpy under mpiexec
+    two_process_main(sys.argv[1])
