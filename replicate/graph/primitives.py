@@ -59,6 +59,18 @@ def _unary(a, **_):
     return a
 
 
+def _unary_signed(a, **_):
+    if a.dtype == bool:
+        raise ShapeError("neg and sign need numbers, got bool (logical_not negates a bool)")
+    return a
+
+
+def _binary_signed(a, b, **_):
+    if a.dtype == bool or b.dtype == bool:
+        raise ShapeError("cannot subtract bools; use logical_xor (a != b)")
+    return _binary(a, b)
+
+
 def _unary_float(a, **_):
     if not is_float(a.dtype):
         raise ShapeError(f"needs a floating-point operand, got {a.dtype}")
@@ -108,6 +120,9 @@ def _select(c, a, b, **_):
 
 
 def _cast(a, dtype):
+    if np.dtype(dtype).kind not in "biuf":
+        raise ShapeError(f"cannot cast to {np.dtype(dtype)}: the dtypes are bool, integers and "
+                         "floats")
     return AVal(a.shape, np.dtype(dtype))
 
 
@@ -253,18 +268,19 @@ def _const(*, value):
 
 
 # -- the declarations ---------------------------------------------------------------------------
-for _name in ("neg", "abs"):
-    declare(_name, ELEMENTWISE, _unary)
+declare("neg", ELEMENTWISE, _unary_signed)
+declare("abs", ELEMENTWISE, _unary)
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "logistic", "sin", "cos"):
     declare(_name, ELEMENTWISE, _unary_float)
-for _name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+for _name in ("add", "mul", "div", "pow", "maximum", "minimum"):
     declare(_name, ELEMENTWISE, _binary)
+declare("sub", ELEMENTWISE, _binary_signed)
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     declare(_name, ELEMENTWISE, _compare, differentiable=False)
 for _name in ("logical_and", "logical_or"):
     declare(_name, ELEMENTWISE, _logical, differentiable=False)
 declare("logical_not", ELEMENTWISE, _unary, differentiable=False)
-declare("sign", ELEMENTWISE, _unary, differentiable=False)  # derivative is 0 almost everywhere
+declare("sign", ELEMENTWISE, _unary_signed, differentiable=False)  # derivative: 0 almost anywhere
 declare("select", ELEMENTWISE, _select)
 declare("cast", ELEMENTWISE, _cast)
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False)

@@ -105,8 +105,9 @@ def _leaf_key(x):
     if isinstance(x, (str, bytes)):
         return ("static", x)
     value = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-    if value.dtype == object:
-        raise ReplicateError(f"cannot pass {type(x).__name__} into a traced function")
+    if value.dtype.kind in "cOUSVMm":  # complex, objects, strings, records, dates
+        raise ReplicateError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
+                             "traced function: the dtypes are bool, integers and floats")
     return (tuple(value.shape), value.dtype.str)
 
 

@@ -20,9 +20,13 @@ def as_array(x, dtype=None) -> Array:
         return as_array(read(), dtype)
     if isinstance(x, (np.ndarray, np.generic, numbers.Number, list, tuple)):
         try:
-            return concrete(np.asarray(x, dtype=dtype))
-        except (TypeError, ValueError) as e:
+            value = np.asarray(x, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as e:
             raise ReplicateError(f"cannot make an array from {type(x).__name__}: {e}") from None
+        if value.dtype.kind in "cOUSVMm":  # complex, objects, strings, records, dates
+            raise ReplicateError(f"cannot make an array from {type(x).__name__} of dtype "
+                                 f"{value.dtype}: the dtypes are bool, integers and floats")
+        return concrete(value)
     raise ReplicateError(f"expected an array or number, got {type(x).__name__}")
 
 
@@ -39,9 +43,11 @@ def dtype_key(x):
 
 
 def result_dtype(*xs):
+    if not xs:
+        raise ReplicateError("no operands")
     try:
         return np.result_type(*[dtype_key(x) for x in xs])
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # (a ragged list is a ValueError)
         raise ReplicateError(f"no common dtype: {e}") from None
 
 
@@ -65,7 +71,10 @@ def cast(x, dtype) -> Array:
     [1, -2]
     """
     x = as_array(x)
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except Exception:  # noqa: BLE001 - NumPy says TypeError, or SyntaxError for ","
+        raise ReplicateError(f"cast: {dtype!r} is not a dtype") from None
     if x.dtype == dtype:
         return x
     return bind("cast", x, dtype=dtype)
@@ -76,13 +85,20 @@ def float_operand(x) -> Array:
     return x if is_float(x.dtype) else cast(x, np.float64)
 
 
+def static_axis(a) -> int:
+    """An axis argument as an int (NumPy refuses floats and strings too)."""
+    if isinstance(a, bool) or not isinstance(a, (numbers.Integral, np.integer)):
+        raise ReplicateError(f"an axis is an int, got {a!r}")
+    return int(a)
+
+
 def norm_axes(axis, ndim) -> tuple:
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
     out = []
     for a in axes:
-        a = int(a)
+        a = static_axis(a)
         if not -ndim <= a < max(ndim, 1):
             raise ReplicateError(f"axis {a} is out of range for an array of rank {ndim}")
         out.append(a % ndim if ndim else 0)

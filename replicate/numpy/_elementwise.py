@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ShapeError
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, promote
 
@@ -65,13 +66,17 @@ def power(a, b):
     [1.0, 4.0, 9.0]
     """
     a, b = promote(a, b)
+    if np.issubdtype(b.dtype, np.integer) and not b.symbolic and b.size and b.value.min() < 0:
+        raise ShapeError("integers to negative integer powers are not allowed (as in NumPy); "
+                         "raise floats instead")
     return bind("pow", a, b)
 
 
 def floor_divide(a, b):
     a, b = promote(a, b)
     if np.issubdtype(a.dtype, np.floating):
-        raise NotImplementedError("floor_divide of floats is not a primitive; use rnp.divide")
+        raise ShapeError("floor_divide of floats is not a primitive; use rnp.divide (and "
+                         "rnp.floor of the result, when there is one)")
     return bind("div", a, b)
 
 

@@ -98,6 +98,8 @@ def _windows(x, kernel, stride, padding, dilation, pad_value=0.0):
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     if sh == 0 or sw == 0 or dh == 0 or dw == 0:
         raise ReplicateError("stride and dilation must be positive")
+    if kh <= 0 or kw <= 0:
+        raise ReplicateError(f"the window {kernel} must be at least 1 x 1")
     x = pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), pad_value)
     h, w = x.shape[2], x.shape[3]
     oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1

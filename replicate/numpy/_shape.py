@@ -6,9 +6,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import ReplicateError
+from ..errors import ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
-from ._base import as_array, cast, norm_axes, promote
+from ._base import as_array, cast, norm_axes, promote, static_axis
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -59,7 +59,10 @@ def eye(n, dtype=np.float32):
 def reshape(x, shape):
     """Reshape; one dimension may be -1."""
     x = as_array(x)
-    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(d) for d in shape)
+    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
+        raise ReplicateError(f"reshape: a shape is a tuple of ints, got {shape!r}")
+    shape = tuple(int(d) for d in shape)
     if shape.count(-1) > 1:
         raise ReplicateError(f"reshape: more than one -1 in {shape}")
     if -1 in shape:
@@ -86,7 +89,7 @@ def transpose(x, axes=None):
 
 def _axis(a, ndim, what):
     """``a`` as a non-negative axis of an ndim-array (NumPy's range check; no silent wrap)."""
-    a = int(a)
+    a = static_axis(a)
     if not -ndim <= a < ndim:
         raise ReplicateError(f"{what}: axis {a} is out of range for an array of rank {ndim}")
     return a % ndim
@@ -101,6 +104,7 @@ def norm_perm(axes, ndim):
 
 def swapaxes(x, a, b):
     x = as_array(x)
+    a, b = _axis(a, x.ndim, "swapaxes"), _axis(b, x.ndim, "swapaxes")
     perm = list(range(x.ndim))
     perm[a], perm[b] = perm[b], perm[a]
     return transpose(x, perm)
@@ -140,7 +144,8 @@ def squeeze(x, axis=None):
     if axis is None:
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
     else:
-        axes = norm_axes(axis, x.ndim)
+        axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+        axes = tuple(_axis(a, x.ndim, "squeeze") for a in axes)
         for a in axes:
             if x.shape[a] != 1:
                 raise ReplicateError(f"squeeze: axis {a} of shape {x.shape} is not 1")
@@ -149,9 +154,9 @@ def squeeze(x, axis=None):
 
 def concatenate(xs, axis=0):
     """Join arrays along an existing axis."""
-    xs = promote(*xs)
-    if not xs:
+    if not len(xs):
         raise ReplicateError("concatenate needs at least one array")
+    xs = promote(*xs)
     if len(xs) == 1:
         return xs[0]
     (axis,) = norm_axes(axis, xs[0].ndim)
@@ -160,6 +165,8 @@ def concatenate(xs, axis=0):
 
 def stack(xs, axis=0):
     """Join arrays along a new axis."""
+    if not len(xs):
+        raise ReplicateError("stack needs at least one array")
     xs = promote(*xs)
     return concatenate([expand_dims(x, axis) for x in xs], axis)
 
@@ -167,9 +174,12 @@ def stack(xs, axis=0):
 def split(x, indices_or_sections, axis=0):
     """Split into a list of sub-arrays (equal sections, or at the given indices)."""
     x = as_array(x)
-    (axis,) = norm_axes(axis, x.ndim)
+    axis = _axis(axis, x.ndim, "split")
     n = x.shape[axis]
     if isinstance(indices_or_sections, numbers.Integral):
+        if indices_or_sections <= 0:
+            raise ReplicateError(f"split: the number of sections must be positive, got "
+                                 f"{indices_or_sections}")
         if n % indices_or_sections:
             raise ReplicateError(f"split: {n} is not divisible into {indices_or_sections} sections")
         step = n // indices_or_sections
@@ -183,8 +193,14 @@ def split(x, indices_or_sections, axis=0):
 def pad(x, pad_width, constant_values=0):
     """Constant padding; ``pad_width`` as in ``np.pad`` (int, pair, or a pair per axis)."""
     x = as_array(x)
-    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
+    try:
+        widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
+    except (TypeError, ValueError) as e:
+        raise ReplicateError(f"pad: pad_width {pad_width!r} does not fit an array of rank "
+                             f"{x.ndim} ({e})") from None
     widths = tuple((int(lo), int(hi)) for lo, hi in widths)
+    if any(w < 0 for pair in widths for w in pair):
+        raise ReplicateError(f"pad: negative pad_width {pad_width!r}")
     if all(w == (0, 0) for w in widths):
         return x
     return bind("pad", x, widths=widths, value=float(constant_values))
@@ -229,12 +245,36 @@ def getitem(x, key):
                 arrays.append(part)
         else:
             raise ReplicateError(f"unsupported index {item!r}")
+    _check_index_arrays(x.shape, spec, arrays)
     return bind("getitem", x, *arrays, index=tuple(spec))
+
+
+def _check_index_arrays(shape, spec, arrays):
+    """Concrete integer index arrays must be in range (as in NumPy); a traced step would
+    otherwise fail only when it runs."""
+    consumed = sum(tag in ("int", "slice", "array") for tag, *_ in spec)
+    axis = 0
+    for tag, *rest in spec:
+        if tag == "ellipsis":
+            axis += max(0, len(shape) - consumed)
+        elif tag in ("int", "slice"):
+            axis += 1
+        elif tag == "array":
+            part = arrays[rest[0]]
+            if axis < len(shape) and not part.symbolic and part.size:
+                n, values = shape[axis], part.value
+                lo, hi = int(values.min()), int(values.max())
+                if lo < -n or hi >= n:
+                    raise ShapeError(f"index {hi if hi >= n else lo} is out of bounds for axis "
+                                     f"{axis} with size {n}")
+            axis += 1
 
 
 def _static_int(v):
     if isinstance(v, Array):
         return v.__index__()  # raises the tracer error for a traced bound
+    if isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)):
+        raise ReplicateError(f"slice bounds and split points are ints, got {v!r}")
     return int(v)
 
 
