@@ -15,10 +15,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, have_mpi, run
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import MPIEXEC, have_mpi, run
 from replicate.runtime import checkpoint
 
 TIMEOUT = 120

@@ -13,12 +13,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import PROGRAMS, have_mpi, mpirun
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import PROGRAMS, have_mpi, mpirun
 from replicate.backends import get_backend
 from replicate.compiler import CompileOptions, compile_graph
 from replicate.context import ReplicaContext

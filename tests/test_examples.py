@@ -16,9 +16,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, ROOT, child_env, report, run
 
 import replicate as rp
+from conftest import MPIEXEC, ROOT, child_env, report, run
 
 EXAMPLES = os.path.join(ROOT, "examples")
 

@@ -1,8 +1,8 @@
 """Multi-process tests: each runs ``mpiexec -n 2 python <program>`` with a hard timeout, so a hang
 fails the test instead of blocking the suite.
 
-The programs live in tests/programs/: oracle.py (training), collectives_mpi.py (every collective)
-and failures_mpi.py (ranks that misbehave).
+The programs live in tests/programs/: oracle.py (training), collectives_mpi.py (every collective),
+comm_mpi.py (the communicator's reductions) and failures_mpi.py (ranks that misbehave).
 """
 
 import os
@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from conftest import PROGRAMS, mpirun, needs_mpi
 
 sys.path.insert(0, PROGRAMS)
@@ -32,6 +33,15 @@ def _load_both(path):
         np.testing.assert_array_equal(r0[key], r1[key], err_msg=f"ranks differ in {key}")
         assert r0[key].tobytes() == r1[key].tobytes(), f"ranks differ bitwise in {key}"
     return r0
+
+
+# -- the communicator ------------------------------------------------------------------------------
+def test_communicator_reductions_are_bitwise_rank_ordered():
+    """Every reduction path (gathered, MPI's Allreduce, all-to-all split, in pieces) gives bitwise
+    the left-to-right combination of the ranks' buffers, signed zeros included, on every rank."""
+    result = mpirun("comm_mpi.py")
+    _ok(result)
+    assert "ok" in result.stdout
 
 
 # -- the oracle across processes -------------------------------------------------------------------

@@ -63,6 +63,7 @@ OUT_OTHER = {
     "reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
     "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum),
     "matmul": lambda a, b, out: np.matmul(a, b, out=out),
+    "concatenate": lambda *xs, axis, out: np.concatenate(xs, axis=axis, out=out),
 }
 
 

@@ -134,17 +134,17 @@ def _register_impls():
 
     IMPL["collective"] = eager_collective
     IMPL["local_reduce"] = _local_reduce
-    IMPL["mpi_allreduce"] = lambda x, op, **_: _comm().allreduce(x, op)
+    IMPL["mpi_allreduce"] = lambda x, op, owned=False, **_: _comm().allreduce(x, op, owned)
     IMPL["mpi_allgather"] = lambda x, size, **_: _comm().allgather(x)
     IMPL["mpi_broadcast"] = lambda x, root, **_: _comm().bcast(x, root)
     IMPL["comm_start"] = _comm_start
     IMPL["comm_wait"] = lambda handle, **_: handle.result()
 
 
-def _comm_start(x, *, op, **_):
+def _comm_start(x, *, op, owned=False, **_):
     from ..runtime.overlap import start_allreduce
 
-    return start_allreduce(np.ascontiguousarray(x), op)
+    return start_allreduce(x, op, owned)
 
 
 # -- VJP of the placeholder: expressed with collectives again -------------------------------------

@@ -66,5 +66,6 @@ def comm_thread() -> CommThread:
         return _thread
 
 
-def start_allreduce(x, op: str) -> Handle:
-    return comm_thread().submit(lambda comm, x, op: comm.allreduce(x, op), x, op)
+def start_allreduce(x, op: str, inplace: bool = False) -> Handle:
+    """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket)."""
+    return comm_thread().submit(lambda comm, x: comm.allreduce(x, op, inplace), x)

@@ -11,8 +11,10 @@ Each bucket is emitted as soon as its last gradient exists: the in-process combi
 (``local_reduce``, hoisted from where the user called ``all_reduce``), a flat ``concatenate``, an
 optional cast to float16/bfloat16 (``compress``), and with ``overlap`` a ``comm_start`` — the
 communication thread reduces it while the step computes on — and a ``comm_wait`` placed just
-before the first use of its result; without ``overlap``, one blocking ``mpi_allreduce``. Slices
-of the reduced buffer replace the original results. Buckets start in the same order on every rank
+before the first use of its result; without ``overlap``, one blocking ``mpi_allreduce``. A packed
+bucket is marked ``owned``: nothing else reads it, so the reduction is written over it (no fresh
+buffer per step; with memory planning the bucket itself is reused every step). Slices of the
+reduced buffer replace the original results. Buckets start in the same order on every rank
 and the thread runs them in that order, so results are bitwise those of the unbucketed graph
 (without compression).
 """
@@ -116,6 +118,8 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
         if compress is not None and np.issubdtype(dtype, np.floating):
             flat = rnp.cast(flat, compress)
         attrs = dict(members[0].node.attrs, bucket=b)
+        if flat is not flats[0]:  # a fresh buffer nobody else reads: reduce over it in place
+            attrs["owned"] = True
         if overlap:
             handles[b] = (bind("comm_start", flat, **attrs), dtype)
         else:

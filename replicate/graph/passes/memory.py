@@ -1,13 +1,13 @@
 """Memory planning: which values can live in buffers allocated once and reused every call.
 
 A value gets a *planned* buffer when the backend writes it with ``out=`` (fused groups, ufunc
-elementwise ops, reductions, matmul). Views (reshape, transpose, broadcast_to, indexing) and
-communication results alias their input, so a buffer stays busy until the last use of every value
-that may alias it — for a bucket handed to the communication thread, until its ``comm_wait``.
-Buffers whose values reach a graph output are never planned: results handed to the caller are
-fresh arrays every call. A linear scan in execution order gives a freed buffer of the same shape and
-dtype to the next value that needs one; an elementwise op may write in place into an input that
-dies at that op.
+elementwise ops, reductions, matmul, concatenate). Views (reshape, transpose, broadcast_to,
+indexing) and communication results alias their input, so a buffer stays busy until the last use of
+every value that may alias it — for a bucket handed to the communication thread, until its
+``comm_wait``. Buffers whose values reach a graph output are never planned: results handed to the
+caller are fresh arrays every call. A linear scan in execution order gives a freed buffer of the
+same shape and dtype to the next value that needs one; an elementwise op may write in place into an
+input that dies at that op.
 
 The plan lands in ``graph.meta["memory_plan"]``; the graph itself is unchanged.
 """
@@ -20,7 +20,8 @@ from ..core import Graph
 from ..primitives import COLLECTIVE, ELEMENTWISE, REGISTRY
 
 ALIASING = ("reshape", "transpose", "broadcast_to", "getitem", "stop_gradient")
-OUT_CAPABLE = ("fused", "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "matmul")
+OUT_CAPABLE = ("fused", "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "matmul",
+               "concatenate")
 
 
 @dataclass
