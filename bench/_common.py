@@ -322,6 +322,15 @@ def ratio(a: Timing | None, b: Timing | None) -> str:
     return f"{a.median / b.median:.2f}x"
 
 
+def note(row) -> str:
+    """A row's note, plus a warning where other jobs' load made its timings spread widely."""
+    parts = [row.note] if row.note else []
+    t = row.timing
+    if t is not None and t.median > 1.5 * t.min:
+        parts.append(f"noisy: median {t.median / t.min:.1f}x min")
+    return "; ".join(parts)
+
+
 def verdict(value: float | None, ok: bool) -> str:
     if value is None:
         return "n/a"

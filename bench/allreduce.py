@@ -396,7 +396,7 @@ def report(peers, rep, command, quick):
     def line(r, ref):
         t = r.timing
         return [r.name, t.ms() if t else "n/a", f"{t.min * 1e3:.1f}" if t else "",
-                f"{nbytes / t.median / 1e9:.2f}" if t else "", C.ratio(t, ref), r.note]
+                f"{nbytes / t.median / 1e9:.2f}" if t else "", C.ratio(t, ref), C.note(r)]
     cells = [line(r, rflat) for r in rrows]
     if "error" in rep:
         cells.append(["replicate all_reduce", "n/a", "", "", "n/a", rep["error"]])

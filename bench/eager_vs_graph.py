@@ -178,7 +178,7 @@ def report(results, command, quick):
         cells = [[r.name, r.timing.ms() if r.timing else "n/a",
                   f"{r.timing.min * 1e3:.2f}" if r.timing else "", C.ratio(r.timing, eager),
                   C.ratio(r.timing, torch_t),
-                  f"{r.extra['first_loss']:.4f}" if r.extra else "", r.note] for r in rows]
+                  f"{r.extra['first_loss']:.4f}" if r.extra else "", C.note(r)] for r in rows]
         parts.append(f"### {threads} thread(s)\n\n" + C.table(
             ["implementation", "median ms/step", "min ms", "vs replicate eager",
              "vs PyTorch eager", "first loss", "note"], cells) + "\n")

@@ -190,7 +190,7 @@ def report(results, command, quick):
             t = r.timing
             err = f"{r.extra['max_abs_err']:.1e}" if r.extra else ""
             cells.append([r.name, t.ms() if t else "n/a", f"{t.min * 1e3:.2f}" if t else "",
-                          _gbs(nbytes, t), C.ratio(t, npo), C.ratio(t, jit), err, r.note])
+                          _gbs(nbytes, t), C.ratio(t, npo), C.ratio(t, jit), err, C.note(r)])
         parts.append(f"### CPU, {threads} thread(s), {res['n']:,} float32"
                      f"{' (quick)' if quick else ''}\n\n" + C.table(
                          ["implementation", "median ms", "min ms", "effective GB/s",

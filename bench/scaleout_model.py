@@ -298,12 +298,12 @@ def plot(path, scen, table):
     except ImportError:
         print("matplotlib not installed: no plot (pip install 'replicate[bench]')")
         return
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 5.5))
     for name, effs in table.items():
         ax.plot(REPLICAS, [e * 100 for e in effs], scen[name][3], marker=".", label=name)
-    for (label, p, e), m in zip(PUBLISHED, ("*", "D", "s")):
-        ax.plot([p], [e * 100], m, markersize=11, color="black", label=f"published: {label}",
-                linestyle="none")
+    for (label, p, e), m, dx in zip(PUBLISHED, ("*", "D", "s"), (0.88, 1.0, 1.12)):
+        ax.plot([p * dx], [e * 100], m, markersize=9, color="black", linestyle="none",
+                label=f"published: {label}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(REPLICAS)
     ax.set_xticklabels([str(p) for p in REPLICAS])
@@ -312,7 +312,7 @@ def plot(path, scen, table):
     ax.set_ylabel("weak-scaling efficiency (%)")
     ax.set_title("ResNet-50 data parallel: bucketed ring all-reduce + compute (model)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

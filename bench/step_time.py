@@ -381,7 +381,7 @@ def report(results, command, quick):
                 loss = f"{r.extra['first_loss']:.4f}" if r.extra else ""
                 cells.append([r.name, r.timing.ms() if r.timing else "n/a",
                               f"{r.timing.min * 1e3:.2f}" if r.timing else "", rat or "—",
-                              tgt or "—", loss, r.note])
+                              tgt or "—", loss, C.note(r)])
             parts.append(f"### {title}; {threads} thread(s)\n\n" + C.table(
                 ["implementation", "median ms/step", "min ms", "ratio vs peer",
                  "target", "first loss", "note"], cells) + "\n")
