@@ -8,6 +8,9 @@ is ``samples/s (2 processes) / (2 x samples/s (1 process))``.
     python bench/weak_scaling.py            # runs mpiexec -n 1 and -n 2 itself
     python bench/weak_scaling.py --quick
 
+Each process is pinned to its own core (XLA's CPU runtime otherwise spreads over every core
+whatever its thread flags say, which makes a "1 process" baseline use two).
+
 Timing: warm-up steps, then rounds of ``--steps`` steps (the rows interleaved), a barrier
 before and after each round, the slowest rank's time; median over rounds.
 """
@@ -90,6 +93,15 @@ ROWS = ("replicate graph numpy", "replicate graph jax", "replicate eager (numpy)
         "PyTorch DDP (gloo)")
 
 
+def pin_to_core(rank):
+    """Run this process on core ``rank`` alone, so that "1 thread" holds for every library."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+    except (AttributeError, OSError):
+        pass
+
+
 def worker(args):
     """One row, one process count (a failing row must not take the others with it: the
     Replicator aborts the whole MPI job on an error)."""
@@ -97,6 +109,7 @@ def worker(args):
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    pin_to_core(rank)  # XLA's CPU runtime uses every core it may, whatever its flags say
     C.set_torch_threads(1)
     sizes = (784, 128, 128, 10) if args.quick else MLP_SIZES
     params, _, _ = mlp_init(sizes, 1, seed=0)        # the same weights on every rank
