@@ -120,7 +120,7 @@ def _fused_runner(node):
     last_fn = _out_fn(final) if final.prim in OUT_UFUNCS or final.prim in OUT_OTHER else None
     head = steps[:-1]
     last_args = steps[-1][1]
-    dtype = node.out.dtype
+    dtype, shape = node.out.dtype, node.out.shape
 
     def run(*xs, out=None):
         env = list(xs) + [None] * (n_slots - n_in)
@@ -128,8 +128,8 @@ def _fused_runner(node):
             env[o] = fn(*[env[a] for a in args], out=buf) if takes_out else \
                 fn(*[env[a] for a in args])
         ins = [env[a] for a in last_args]
-        if out is not None and last_fn is not None:
-            return last_fn(*ins, out=out)
+        if last_fn is not None:  # the last op writes the result itself (fresh if not planned)
+            return last_fn(*ins, out=np.empty(shape, dtype) if out is None else out)
         env[result] = steps[-1][0](*ins, out=steps[-1][3]) if steps[-1][4] else steps[-1][0](*ins)
         value = env[result]
         if out is not None:
