@@ -152,7 +152,8 @@ def _assert_stall_report(result, collective, step_text, rank_where, limit=STALL_
 
 def test_stall_in_an_eager_step_is_reported_and_aborted():
     result = faults("stall-step", "--mode", "eager", REPLICATE_COLLECTIVE_TIMEOUT=STALL_TIMEOUT)
-    _assert_stall_report(result, "allgather_obj #", "at step 3",
+    # (rank 0 waits in the tagged check of its first collective: a fixed-size header)
+    _assert_stall_report(result, "allgather #", "at step 3",
                          f"main thread is at {marker_line('step-sleep')}")
     assert f"called from {marker_line('first-collective')}" in result.stderr, report(result)
 
@@ -204,6 +205,67 @@ def test_mismatch_names_the_first_divergent_collective_and_its_line(mode):
         assert "processes disagree about cross-process collective #1:" in result.stderr, text
     else:
         assert "processes disagree about an eager collective" in result.stderr, text
+
+
+# batch shapes that change on one rank only (graph mode): that rank compiles a new step, the
+# others do not; the per-step exchange makes every rank compare schedules that step
+MISMATCH_TIMEOUT = 5  # a regression (a stall) ends in seconds, not after the 300 s default
+
+
+def test_batch_shape_change_on_one_rank_is_a_mismatch_not_a_stall():
+    result = faults("shape-change", "--mode", "graph",
+                    REPLICATE_COLLECTIVE_TIMEOUT=MISMATCH_TIMEOUT)
+    text = report(result)
+    assert result.returncode != 0, text
+    assert result.seconds < EXIT_WITHIN, text
+    assert "timed out" not in result.stderr, text
+    assert result.stderr.count("CollectiveMismatchError") >= 2, text  # every rank says it
+    assert "processes disagree about cross-process collective #2:" in result.stderr, text
+    line = marker_line("batch-shaped")
+    assert f"rank 0: mpi_allreduce[op=sum,size=2] f64[4] at {line}" in result.stderr, text
+    assert f"rank 1: mpi_allreduce[op=sum,size=2] f64[2,4] at {line}" in result.stderr, text
+    assert "The ranks' batches differ (input_fn make.<locals>.input_fn (faults_mpi.py:" \
+        in result.stderr, text
+    assert "rank 0: batch f64[4] (its step was compiled at step 1)" in result.stderr, text
+    assert "rank 1: batch f64[2,4] (compiled for it now)" in result.stderr, text
+    assert "rank 0 step 2" in result.stdout and "step 3" not in result.stdout, text
+
+
+def test_batch_shape_change_on_one_rank_runs_when_the_schedules_agree():
+    """Only the gradients (parameter-shaped) cross processes: the new step's schedule equals
+    the others' compiled one, so every rank goes on."""
+    result = faults("shape-change-ok", "--mode", "graph",
+                    REPLICATE_COLLECTIVE_TIMEOUT=MISMATCH_TIMEOUT)
+    assert result.returncode == 0, report(result)
+    for rank in (0, 1):
+        assert f"rank {rank} finished 8 steps" in result.stdout, report(result)
+    assert "[replicate]" not in result.stderr, report(result)
+
+
+# a collective on one rank only that equals one every rank calls: graph mode compares the
+# schedule as written (CSE merged the two before); eager mode's tagged exchanges meet the other
+# rank's step end as a mismatch (before: a misread message, mpi4py's MemoryError)
+@pytest.mark.parametrize("mode,rank", [("graph", 1), ("eager", 1), ("eager", 0)])
+def test_collective_on_one_rank_equal_to_a_common_one_is_a_mismatch(mode, rank):
+    result = faults("duplicate", "--mode", mode, "--rank", str(rank),
+                    REPLICATE_COLLECTIVE_TIMEOUT=MISMATCH_TIMEOUT)
+    text = report(result)
+    other = 1 - rank
+    assert result.returncode != 0, text
+    assert result.seconds < EXIT_WITHIN, text
+    assert "timed out" not in result.stderr and "MemoryError" not in result.stderr, text
+    assert "finished" not in result.stdout, text
+    assert result.stderr.count("CollectiveMismatchError") >= 2, text  # every rank says it
+    line = marker_line("duplicate")
+    if mode == "graph":
+        assert "processes disagree about cross-process collective #2:" in result.stderr, text
+        assert f"rank {rank}: mpi_allreduce[op=sum,size=2] f64[2] at {line}" in result.stderr, text
+        assert f"rank {other}: gather of step_fn's outputs (f64[], f64[])" in result.stderr, text
+    else:
+        assert "processes disagree about an eager collective:" in result.stderr, text
+        assert f"rank {rank}: all_reduce(f64[2], op='sum') at {line}" in result.stderr, text
+        assert f"rank {other}: the end of step 3: gathering the outputs (f64[], f64[]) of " \
+            "step_fn make.<locals>.step_fn" in result.stderr, text
 
 
 # -- NaN ------------------------------------------------------------------------------------------

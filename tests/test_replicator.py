@@ -550,6 +550,28 @@ def test_rewrite_for_several_processes_emits_one_mpi_call_per_collective():
         assert f"{THIS_FILE}:{line_of('MARK apply')}" in where, where
 
 
+def test_equal_collectives_are_neither_merged_nor_hidden_from_the_schedule():
+    """Two equal all-reduces are two exchanges with the other processes: CSE keeps both (one
+    rank's duplicate must not vanish into the call every rank makes) and the schedule the ranks
+    compare is the one written, with the gathering of the outputs at its end."""
+    k = 2
+    contexts = [ReplicaContext(2 + r, k * 2, 1, 2, r, k) for r in range(k)]
+
+    def step_fn(x):
+        a = rp.all_reduce(x, "sum")  # MARK equal-a
+        b = rp.all_reduce(x, "sum")  # MARK equal-b
+        return {"y": a + b}
+
+    graph = replicated_graph.compile_replicated(step_fn, [np.ones(3)] * k, contexts, 2, 1)
+    assert [n.prim for n in cse(graph).nodes].count("mpi_allreduce") == 2
+    schedule = graph.meta["collective_schedule"]
+    assert [text for text, _ in schedule] == ["mpi_allreduce[op=sum,size=2] f64[3]"] * 2 + [
+        "gather of step_fn's outputs (f64[3])"]
+    for (_, where), mark in zip(schedule, ("equal-a", "equal-b")):
+        assert f"{THIS_FILE}:{line_of('MARK ' + mark)}" in where, where
+    assert "step_fn" in schedule[-1][1]
+
+
 @pytest.mark.parametrize("kind,attrs", [("all_gather", {"axis": 0}), ("permute", {"shift": 1}),
                                         ("broadcast", {"root": 3}),
                                         ("reduce_scatter", {"op": "sum"})])
@@ -605,6 +627,9 @@ def test_every_rank_compiles_the_same_cross_process_schedule(k, kind, attrs):
         validate(graph)
         assert not any(node.prim == "collective" for node in graph.nodes)
         schedules.append(replicated_graph.collective_schedule(graph))
+        # what the ranks compare (as written, plus the outputs' gathering) is what runs
+        written = graph.meta["collective_schedule"]
+        assert written[:-1] == schedules[-1] and "step_fn's outputs" in written[-1][0]
     assert len(schedules[0]) >= 2  # the forward collective and the one of its gradient
     assert [s for s, _ in schedules[0]] == [s for s, _ in schedules[1]]
     for _, where in schedules[0]:

@@ -106,19 +106,17 @@ _ARGS = {"all_reduce": ("op",), "all_gather": ("axis", "tiled"), "broadcast": ("
 
 def _check_agreement(comm, x, kind, attrs):
     """Eager mode has no schedule to compare ahead of time: before each collective the processes
-    compare what they are about to call, so a disagreement is an error (named on every rank, with
-    every rank's line), never a hang or a silently wrong result."""
-    from ..errors import CollectiveMismatchError, source_line, user_frame
+    compare what they are about to call (a tagged fixed-size header, ``runtime/agree.py``), so a
+    disagreement — another collective, other shapes, or a collective that only some processes
+    call, which meets the others' next exchange — is an error named on every rank with every
+    rank's call and line, never a hang, a misread message or a silently wrong result."""
+    from ..errors import source_line, user_frame
+    from ..runtime.agree import COLLECTIVE, agree, digest
 
     args = ", ".join(f"{k}={attrs[k]!r}" for k in _ARGS[kind])
     mine = f"{kind}({AVal(tuple(x.shape), x.dtype)}, {args})"
-    everyone = comm.allgather_obj((mine, source_line(user_frame())))
-    if len({call for call, _ in everyone}) > 1:
-        lines = "\n".join(f"  rank {r}: {call} at {where}"
-                          for r, (call, where) in enumerate(everyone))
-        error = CollectiveMismatchError(f"processes disagree about an eager collective:\n{lines}")
-        error.consistent = True  # every rank raises it
-        raise error
+    agree(comm, COLLECTIVE, digest(mine),
+          describe=lambda: f"{mine} at {source_line(user_frame())}")
 
 
 def _local_reduce(*xs, op):

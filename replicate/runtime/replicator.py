@@ -12,15 +12,30 @@ from .. import state, tree
 from ..backends import get_backend
 from ..compiler import compile_graph
 from ..context import ReplicaContext, replica_scope
-from ..errors import CollectiveMismatchError, ReplicateError, at_user_line, user_traceback
+from ..errors import (
+    CollectiveMismatchError,
+    ReplicateError,
+    at_user_line,
+    function_location,
+    source_line,
+    user_frame,
+    user_traceback,
+)
 from ..function import as_options, check_mode, to_numpy
+from ..graph.core import AVal
 from ..graph.trace import signature
 from . import nan_check, watchdog
-from .checks import BatchChecker, checked_step_fn, warn_many_signatures
+from .agree import OUTPUTS, STEP, SYNC, agree, digest
+from .checks import BatchChecker, checked_step_fn, leaf_paths, warn_many_signatures
 from .comm import world
-from .replicated_graph import check_schedules, collective_schedule, compile_replicated
+from .replicated_graph import check_schedules, compile_replicated, fingerprint
 
 OUTPUT_REDUCTIONS = ("mean", "sum", "per_replica")
+
+
+def _aval(x):
+    x = np.asarray(x)
+    return AVal(tuple(x.shape), x.dtype)
 
 
 class Replicator:
@@ -95,6 +110,9 @@ class Replicator:
         self.step = 0
         self._iterators = None
         self._synced: set[int] = set()
+        self._schedules: dict = {}  # cache key -> (schedule, fingerprint (int), compiled at step)
+        self._step_key = None  # graph mode: this step's cache key
+        self._recheck = False  # graph mode: compare schedules this step (see _next_batches)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
@@ -177,6 +195,13 @@ class Replicator:
         self.comm.abort(1)
 
     def _next_batches(self):
+        """Every replica's next batch, or None where any replica on any rank has run out.
+
+        One tagged exchange per step (``agree``): every rank sends how many of its replicas
+        got a batch and, in graph mode, the fingerprint of the collective schedule compiled for
+        its batch signature (0: not compiled yet). When a rank compiles anew (its batches
+        changed shape) or the ranks' compiled steps differ, every rank compares schedules this
+        step (``_graph_step``) instead of one rank's check meeting another's step."""
         batches = []
         for it in self._iterators:
             try:
@@ -185,14 +210,29 @@ class Replicator:
                 batches.append(None)
         self._check_batches(batches, self.step + 1, self.contexts)
         have = sum(b is not None for b in batches)
-        counts = self.comm.allgather(np.array([have], np.int64)).ravel()
-        if counts.min() == self.k:
+        fp = 0
+        if self.mode == "graph" and have == self.k:
+            self._step_key = tuple(signature(b) for b in batches)
+            fp = self._schedules.get(self._step_key, (None, 0, 0))[1]
+        if self.num_ranks == 1:
+            counts = [have]
+        else:
+            rows = agree(self.comm, STEP, 0, have, fp, describe=self._describe_step_start)
+            counts = [row[2] for row in rows]
+        if min(counts) == self.k:
+            if self.num_ranks > 1:
+                prints = {row[3] for row in rows}
+                self._recheck = 0 in prints or len(prints) > 1
             return batches
-        if counts.max() > 0:
+        if max(counts) > 0:
             warnings.warn(f"input ran out on some replicas at step {self.step} (replicas with "
-                          f"data per rank: {counts.tolist()}); all replicas stop here",
+                          f"data per rank: {counts}); all replicas stop here",
                           stacklevel=3)
         return None
+
+    def _describe_step_start(self):
+        return (f"the start of step {self.step + 1} (its input check, before step_fn) in "
+                f"Replicator.run at {source_line(user_frame())}")
 
     def _run_step(self, batches):
         if self.mode == "eager":
@@ -219,16 +259,25 @@ class Replicator:
     def _sync_variable(self, var):
         if id(var) not in self._synced:
             self._synced.add(id(var))
+            if self.num_ranks > 1:
+                what = f"{var.name!r} ({AVal(var.value.shape, var.value.dtype)})"
+                agree(self.comm, SYNC, digest(what), describe=lambda: (
+                    f"the first read of variable {what} (broadcast from rank 0) at "
+                    f"{source_line(user_frame())}"))
             var.value = self.comm.bcast(var.value, 0)
             var._eager = None
 
     # -- graph ----------------------------------------------------------------------------------
     def _graph_step(self, batches):
-        key = tuple(signature(b) for b in batches)
+        key = self._step_key
         entry = self.cache.get(key)
         if entry is None:
-            entry = self.cache[key] = self._compile(batches)
+            entry = self.cache[key] = self._compile(batches, key)
             warn_many_signatures(len(self.cache), self.step + 1)
+        elif self._recheck:  # another rank compiles now, or runs another compiled step
+            schedule, _, compiled_at = self._schedules[key]
+            check_schedules(self.comm, schedule, None,
+                            self._describe_batches(batches, compiled_at))
         graph, run = entry
         meta = graph.meta
         for var in meta["variables"]:
@@ -245,7 +294,7 @@ class Replicator:
         self._out_tree = meta["out_tree"]
         return [outs[r * n:(r + 1) * n] for r in range(self.k)]
 
-    def _compile(self, batches):
+    def _compile(self, batches, key):
         self.trace_count += 1
         graph, error = None, None
         try:
@@ -253,8 +302,28 @@ class Replicator:
                                        self.rank)
         except ReplicateError as e:
             error = e
-        check_schedules(self.comm, collective_schedule(graph) if graph else [], error)
+        schedule = graph.meta["collective_schedule"] if graph else []
+        check_schedules(self.comm, schedule, error,
+                        self._describe_batches(batches, self.step + 1))
+        fp = int(fingerprint(schedule)[:15], 16) or 1
+        self._schedules[key] = (schedule, fp, self.step + 1)
         return graph, compile_graph(graph, self.backend, self.options)
+
+    def _describe_batches(self, batches, compiled_at):
+        """(this rank's batch signature, when its step was compiled, where input_fn is): named
+        when the ranks' schedules differ at a step where their batches differ too."""
+        texts = []
+        for b in batches:
+            leaves, treedef = tree.flatten(b)
+            paths = leaf_paths(treedef) if len(leaves) > 1 else [""]
+            texts.append(", ".join(f"batch{p} {_aval(x)}" for p, x in zip(paths, leaves)))
+        if len(set(texts)) == 1:
+            text = texts[0] + (" on every replica" if len(texts) > 1 else "")
+        else:
+            text = "; ".join(f"replica {r}: {t}" for r, t in enumerate(texts))
+        when = ("compiled for it now" if compiled_at == self.step + 1 else
+                f"its step was compiled at step {compiled_at}")
+        return text, when, f"input_fn {function_location(self.input_fn)}"
 
     def compiled_graph(self):
         """The most recently compiled step graph (for inspection and printing)."""
@@ -270,7 +339,16 @@ class Replicator:
 
     # -- outputs --------------------------------------------------------------------------------
     def _reduce_outputs(self, results):
-        """results: per local replica, a list of leaves -> one nest reduced over all replicas."""
+        """results: per local replica, a list of leaves -> one nest reduced over all replicas.
+
+        Eager mode first agrees on what is gathered (a tagged exchange): a rank still in a
+        collective that the others do not call meets it as a mismatch. (Graph mode compared
+        the outputs with the collective schedule when it compiled the step.)"""
+        if self.mode == "eager" and self.num_ranks > 1:
+            what = ", ".join(str(_aval(x)) for x in results[0])
+            agree(self.comm, OUTPUTS, digest(f"{self._out_tree}|{what}"), describe=lambda: (
+                f"the end of step {self.step + 1}: gathering the outputs ({what}) of step_fn "
+                f"{function_location(self.step_fn)}"))
         reduced = []
         for j in range(len(results[0])):
             local = np.stack([np.asarray(r[j]) for r in results])  # (k, ...)

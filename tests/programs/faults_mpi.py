@@ -25,7 +25,7 @@ import replicate.numpy as rnp
 from replicate.runtime.comm import world
 
 SCENARIOS = ("ok", "raise", "kill-self", "stall-step", "stall-input", "stall-thread",
-             "exit-early", "mismatch-later", "nan")
+             "exit-early", "mismatch-later", "nan", "shape-change", "shape-change-ok", "duplicate")
 
 
 def make(a, rank):
@@ -38,6 +38,9 @@ def make(a, rank):
             step += 1
             if a.scenario == "stall-input" and bad and step == a.at:
                 time.sleep(1000)  # MARK input-sleep
+            if a.scenario.startswith("shape-change") and bad and step >= a.at:
+                yield np.full((2, 4), ctx.replica_id + 1.0)  # MARK new-shape
+                continue
             yield np.full(4, ctx.replica_id + 1.0)
 
     def step_fn(x):
@@ -55,6 +58,11 @@ def make(a, rank):
             extra = rp.all_reduce(rnp.ones(3) * loss, "sum")  # MARK divergent
         else:
             extra = rp.all_reduce(rnp.ones(2) * loss, "sum")  # MARK common
+        if a.scenario == "duplicate" and bad and (a.mode == "graph" or step == a.at):
+            # the same call as the one every rank makes, made once more on one rank only
+            extra = rp.all_reduce(rnp.ones(2) * loss, "sum")  # MARK duplicate
+        if a.scenario == "shape-change":
+            loss = loss + rp.all_reduce(x, "sum").sum()  # MARK batch-shaped
         if a.scenario == "nan" and (a.mode == "eager" and step == a.at or a.mode == "graph"):
             loss = loss * rnp.log(x - x.max())  # MARK nan-source
         w.assign(w - 0.01 * g)
