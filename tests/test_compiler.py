@@ -151,6 +151,33 @@ def test_optimised_equals_unoptimised(name):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("n", [4 * 2**14, 100_003])
+def test_large_elementwise_groups_run_block_by_block_exactly(n, monkeypatch):
+    """A big all-elementwise group runs in cache-sized blocks (numpy_backend.CHUNK): bitwise the
+    whole-array result, the tail block included; inputs of another layout take the whole path."""
+    from replicate.backends import numpy_backend as nb
+
+    def f(x, y, s):
+        return rnp.tanh(x * 1.7 + 0.3) * rnp.sigmoid(y) - rnp.exp(-0.5 * x) * s
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=n).astype(np.float32) * 5, rng.normal(size=n).astype(np.float32) * 5
+    s = np.full((1,), 2.0, np.float32)
+    ref = rp.function(f, options=NO_PASSES)(x, y, s)
+    fused = rp.function(f)
+    assert len(fused.executable(x, y, s).kernels) == 1
+    calls = []
+    blocked = nb._blocked_runner
+    monkeypatch.setattr(nb, "_blocked_runner", lambda node: calls.append(node) or blocked(node))
+    fused = rp.function(f)
+    for _ in range(2):
+        got = fused(x, y, s)
+        assert got.tobytes() == ref.tobytes()
+    assert calls
+    xs, ys = np.repeat(x, 2)[::2], np.repeat(y, 2)[::2]  # strided views: the whole-array path
+    assert rp.function(f)(xs, ys, s).tobytes() == ref.tobytes()
+
+
 def test_constant_folding():
     f = rp.function(lambda x: x * (np.float64(2.0) * 3.0 + 1.0) + rnp.exp(rnp.zeros(3)))
     g = f.executable(np.ones(3)).graph

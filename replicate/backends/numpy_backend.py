@@ -13,8 +13,8 @@ import numpy as np
 
 from ..compiler import Executable
 from ..graph.passes.memory import plan_memory
-from ..graph.primitives import COLLECTIVE, REGISTRY
-from .numpy_impl import IMPL
+from ..graph.primitives import COLLECTIVE, ELEMENTWISE, REGISTRY
+from .numpy_impl import IMPL, _logistic
 
 name = "numpy"
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion", "memory")
@@ -53,7 +53,8 @@ def _reduction(ufunc):
 OUT_UFUNCS = {
     "neg": np.negative, "abs": np.absolute, "sign": np.sign, "exp": np.exp, "log": np.log,
     "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin,
-    "cos": np.cos, "add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.power,
+    "cos": np.cos, "logistic": _logistic, "add": np.add, "sub": np.subtract, "mul": np.multiply,
+    "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_not": np.logical_not,
@@ -108,9 +109,69 @@ def _program(graph, plan, buffers):
     return steps, slot
 
 
+CHUNK = 1 << 14  # elements per block of a cache-blocked elementwise group (64 KiB of float32)
+
+
 def _fused_runner(node):
     """Run a fused group's body: each op writes into a scratch buffer planned for the body, the
-    last one into the group's output buffer."""
+    last one into the group's output buffer. A large group of elementwise ops only, whose inputs
+    are whole arrays of its shape or single values, runs block by block instead (``_blocked``):
+    its intermediates stay in the cache, as in a generated kernel."""
+    whole = _whole_runner(node)
+    blocked = _blocked_runner(node)
+    if blocked is None:
+        return whole
+    size = node.out.size
+
+    def run(*xs, out=None):
+        if all(x.size == 1 or (x.size == size and x.flags.c_contiguous) for x in xs):
+            return blocked(*xs, out=out)
+        return whole(*xs, out=out)
+    return run
+
+
+def _blocked_runner(node):
+    body = node.attrs["body"].graph
+    final = body.nodes[-1]
+    shape, dtype, size = node.out.shape, node.out.dtype, node.out.size
+    if size < 4 * CHUNK or node.attrs["body"].reduction is not None or \
+            not (final.prim in OUT_UFUNCS or final.prim in OUT_OTHER):
+        return None
+    for n in body.nodes:
+        if n.prim != "const" and (REGISTRY[n.prim].kind != ELEMENTWISE or n.out.shape != shape):
+            return None
+    plan = plan_memory(body, OUT_UFUNCS)
+    scratch = [np.empty(CHUNK if s == shape else s, d) for s, d in plan.buffers]
+    programs = {}
+
+    def program(m):  # the body's steps on blocks of m elements
+        if m not in programs:
+            bufs = [b[:m] if b.shape == (CHUNK,) else b for b in scratch]
+            programs[m] = _program(body, plan, bufs)[0]
+        return programs[m]
+    n_in = len(body.inputs)
+    n_slots = len(_program(body, plan, scratch)[1])
+    last_fn = _out_fn(final)
+
+    def run(*xs, out=None):
+        if out is None:
+            out = np.empty(shape, dtype)
+        flat = [x.reshape(-1) if x.size == size else x.reshape(()) for x in xs]
+        dest = out.reshape(-1)
+        env = [None] * n_slots
+        for lo in range(0, size, CHUNK):
+            hi = min(lo + CHUNK, size)
+            steps = program(hi - lo)
+            env[:n_in] = [x[lo:hi] if x.ndim else x for x in flat]
+            for fn, args, o, buf, takes_out in steps[:-1]:
+                env[o] = fn(*[env[a] for a in args], out=buf) if takes_out else \
+                    fn(*[env[a] for a in args])
+            last_fn(*[env[a] for a in steps[-1][1]], out=dest[lo:hi])
+        return out
+    return run
+
+
+def _whole_runner(node):
     body = node.attrs["body"].graph
     plan = plan_memory(body, OUT_UFUNCS)
     scratch = [np.empty(shape, dtype) for shape, dtype in plan.buffers]

@@ -25,10 +25,22 @@ def _rsqrt(x):
     return 1.0 / np.sqrt(x)
 
 
-def _logistic(x):
-    # numerically stable for large |x|
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+def _logistic(x, out=None):
+    """1 / (1 + exp(-x)), stable for large |x| and exact in both tails: with e = exp(-|x|), the
+    value is exp(min(x, 0)) / (1 + e), i.e. 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0,
+    computed branch-free with two temporaries (``out``: where to write)."""
+    x = np.asarray(x)
+    if out is None:
+        out = np.empty(x.shape, np.result_type(x.dtype, np.float16))
+    d = np.empty(x.shape, out.dtype)
+    np.absolute(x, out=d)
+    np.negative(d, out=d)
+    np.exp(d, out=d)
+    np.add(d, 1, out=d)
+    np.minimum(x, 0, out=out)
+    np.exp(out, out=out)
+    np.divide(out, d, out=out)
+    return out
 
 
 def _getitem(x, *idx, index):
