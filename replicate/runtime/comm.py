@@ -200,6 +200,17 @@ class MPIComm:
         finally:
             self._leave(ident)
 
+    def meet(self, timeout: float) -> bool:
+        """Wait until every rank has come here, or ``timeout`` seconds (a non-blocking barrier,
+        polled, so a rank that never comes cannot hang this one). True if all came."""
+        request = self.comm.Ibarrier()
+        deadline = monotonic() + timeout
+        while not request.Test():
+            if monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     def dup(self):
         """A communicator of the same processes whose traffic cannot mix with this one's (for
         a communication thread). Its calls are watched like this one's, under the label
@@ -270,6 +281,8 @@ def _abort_on_uncaught_exception(comm):
     def hook(kind, value, tb):
         if getattr(value, "consistent", False):
             previous(kind, value, tb)
+            sys.stderr.flush()
+            comm.meet(5.0)  # no rank exits (and has mpiexec end the rest) before all have said it
             return
         print(f"[replicate] rank {comm.rank}: uncaught {kind.__name__}; aborting the job",
               file=sys.stderr, flush=True)
