@@ -4,7 +4,8 @@ full defaults under ``python -m replicate.launch -n 2`` against their targets (s
 The fast tests only use ``main(argv)`` and the documented command-line flags; the per-step outputs
 are observed by wrapping ``rp.Replicator.run`` (the public API every example trains with).
 
-The slow tests are marked ``slow`` and skipped unless ``REPLICATE_SLOW=1`` is set.
+The slow tests (about 100 s together on a 2-core machine) are marked ``slow``; they run by
+default, in CI too; ``pytest -m "not slow"`` leaves them out for a quick local run.
 """
 
 from __future__ import annotations
@@ -164,8 +165,6 @@ def test_define_by_run_vs_define_and_run(runs, tmp_path):
 # Slow: the full defaults, 2 processes x 2 replicas, against the documented targets
 # ================================================================================================
 slow = [pytest.mark.slow,
-        pytest.mark.skipif(os.environ.get("REPLICATE_SLOW") != "1",
-                           reason="slow: set REPLICATE_SLOW=1"),
         pytest.mark.skipif(not os.path.exists(MPIEXEC),
                            reason="needs mpiexec (mpich wheel) for the 2-process defaults")]
 SLOW_TIMEOUT = 3 * 3600

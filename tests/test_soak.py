@@ -5,8 +5,8 @@
 The default suite runs short variants in one process and under ``mpiexec -n 2``: 2500-3000
 graph-mode steps, long enough for a leak of 2 KB per step to exceed 5 % (checked by hand with
 ``faults_soak.py --leak 2048``), and 1000-1500 eager steps (a leak of 4-6 KB per step).
-The full 10 000-step soak is marked ``slow`` and skipped unless ``REPLICATE_SLOW=1`` is set (as
-the examples' full runs in tests/test_examples.py).
+The full 10 000-step soak (about 45 s) is marked ``slow`` like the examples' full runs in
+tests/test_examples.py: it runs by default; ``pytest -m "not slow"`` leaves it out.
 
 "Flat": the median of the samples in the last quarter of the run is within 5 % of the first
 sample taken after the warm-up (the first steps compile, allocate the memory plan and grow the
@@ -26,9 +26,7 @@ from conftest import mpirun, needs_mpi, report, run
 
 PROGRAM = "faults_soak.py"
 TOLERANCE = 0.05
-slow = [pytest.mark.slow,
-        pytest.mark.skipif(os.environ.get("REPLICATE_SLOW") != "1",
-                           reason="slow: set REPLICATE_SLOW=1")]
+slow = [pytest.mark.slow]
 
 
 def marked(marks):
