@@ -314,7 +314,7 @@ def plot(path, scen, table):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 if __name__ == "__main__":
