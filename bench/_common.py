@@ -218,12 +218,12 @@ def thread_env(threads: int) -> dict:
     return env
 
 
-def pin_cpus(threads: int) -> None:
-    """Limit this process to ``threads`` cores (call before the numerical libraries start their
-    thread pools)."""
+def pin_cpus(threads: int, first: int = 0) -> None:
+    """Limit this process to ``threads`` cores, from its ``first`` allowed one on (wrapping;
+    call before the numerical libraries start their thread pools)."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, set(cpus[:threads]))
+        os.sched_setaffinity(0, {cpus[(first + i) % len(cpus)] for i in range(threads)})
     except (AttributeError, OSError):
         pass
 

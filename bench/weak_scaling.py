@@ -93,15 +93,6 @@ ROWS = ("replicate graph numpy", "replicate graph jax", "replicate eager (numpy)
         "PyTorch DDP (gloo)")
 
 
-def pin_to_core(rank):
-    """Run this process on core ``rank`` alone, so that "1 thread" holds for every library."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    except (AttributeError, OSError):
-        pass
-
-
 def worker(args):
     """One row, one process count (a failing row must not take the others with it: the
     Replicator aborts the whole MPI job on an error)."""
@@ -109,7 +100,7 @@ def worker(args):
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    pin_to_core(rank)  # XLA's CPU runtime uses every core it may, whatever its flags say
+    C.pin_cpus(1, first=rank)  # XLA's CPU runtime uses every core it may, whatever its flags say
     C.set_torch_threads(1)
     sizes = (784, 128, 128, 10) if args.quick else MLP_SIZES
     params, _, _ = mlp_init(sizes, 1, seed=0)        # the same weights on every rank

@@ -142,15 +142,15 @@ def _blocked_runner(node):
             return None
     plan = plan_memory(body, OUT_UFUNCS)
     scratch = [np.empty(CHUNK if s == shape else s, d) for s, d in plan.buffers]
-    programs = {}
+    steps, slot = _program(body, plan, scratch)
+    programs = {CHUNK: steps}  # the body's steps on blocks of m elements (m < CHUNK: the tail)
 
-    def program(m):  # the body's steps on blocks of m elements
+    def program(m):
         if m not in programs:
             bufs = [b[:m] if b.shape == (CHUNK,) else b for b in scratch]
             programs[m] = _program(body, plan, bufs)[0]
         return programs[m]
-    n_in = len(body.inputs)
-    n_slots = len(_program(body, plan, scratch)[1])
+    n_in, n_slots = len(body.inputs), len(slot)
     last_fn = _out_fn(final)
 
     def run(*xs, out=None):
