@@ -374,7 +374,7 @@ def _close_torch():
 
 def _pipeline():
     try:
-        from replicate.graph.passes import PIPELINE
+        from replicate.compiler import PIPELINE
 
         return list(PIPELINE)
     except Exception:  # noqa: BLE001

@@ -78,9 +78,9 @@ def phases(backend_name, repeats, layers, width):
     """{phase: seconds} for one backend, and graph sizes."""
     import replicate as rp
     from replicate.backends import get_backend
-    from replicate.compiler import CompileOptions
-    from replicate.graph.passes import PIPELINE
-    from replicate.runtime.replicated_graph import compile_replicated, trace_replicas
+    from replicate.compiler import PIPELINE, CompileOptions
+    from replicate.compiler import step_graph as compile_replicated
+    from replicate.step import trace_step as trace_replicas
 
     _, step_fn, input_fn = build(layers=layers, width=width)
     contexts = [rp.ReplicaContext(r, K, 0, 1, r, K) for r in range(K)]

@@ -198,8 +198,7 @@ def replicate_model(kind, params):
         model = rp.nn.Sequential(c1, rp.nn.relu, c2, rp.nn.relu, rp.nn.Flatten(), lin)
         vars_ = [c1.weight, c1.bias, c2.weight, c2.bias, lin.weight, lin.bias]
     for v, p in zip(vars_, params):
-        v.value = p.copy()
-        v._eager = None
+        v.load(p.copy())
     return model
 
 

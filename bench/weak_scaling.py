@@ -41,8 +41,7 @@ def replicate_runner(params, x, y, mode, backend):
     layers = [rp.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
     model = rp.nn.Sequential(layers[0], rp.nn.relu, layers[1], rp.nn.relu, layers[2])
     for v, p in zip([v for lin in layers for v in (lin.weight, lin.bias)], params):
-        v.value = p.copy()
-        v._eager = None
+        v.load(p.copy())
     opt = rp.wrap_optimizer(rp.optim.SGD(model.parameters(), lr=LR))
 
     def input_fn(ctx):

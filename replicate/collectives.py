@@ -13,30 +13,23 @@ from __future__ import annotations
 from . import tree
 from .context import current
 from .errors import ReplicateError
-from .graph import collectives as _prims
-from .graph.core import bind, current_trace
+from .graph.collectives import REDUCE_OPS, bind_collective
+from .numpy import as_array
 
 
 def _apply(nest, kind, **attrs):
-    from .numpy import as_array
-
     ctx = current()
     num, rid = (1, 0) if ctx is None else (ctx.num_replicas, ctx.replica_id)
-    trace = current_trace()
-
-    def one(leaf):
-        x = as_array(leaf)
-        seq = trace.next_collective_seq() if trace is not None else 0
-        return bind("collective", x, kind=kind, num_replicas=num, replica=rid, seq=seq, **attrs)
-
-    return tree.tree_map(one, nest)
+    return tree.tree_map(
+        lambda leaf: bind_collective(kind, as_array(leaf), num_replicas=num, replica=rid,
+                                     **attrs), nest)
 
 
 def all_reduce(nest, op: str = "sum"):
     """Combine each leaf over all replicas with ``op`` (sum, mean, max, min); every replica gets
     the result."""
-    if op not in _prims.REDUCE_OPS:
-        raise ReplicateError(f"all_reduce: unknown op {op!r}; choose one of {_prims.REDUCE_OPS}")
+    if op not in REDUCE_OPS:
+        raise ReplicateError(f"all_reduce: unknown op {op!r}; choose one of {REDUCE_OPS}")
     return _apply(nest, "all_reduce", op=op)
 
 
@@ -53,7 +46,7 @@ def broadcast(nest, root: int = 0):
 
 def reduce_scatter(nest, op: str = "sum", axis: int = 0):
     """Reduce over replicas, then give replica i the i-th chunk along ``axis``."""
-    if op not in _prims.REDUCE_OPS:
+    if op not in REDUCE_OPS:
         raise ReplicateError(f"reduce_scatter: unknown op {op!r}")
     return _apply(nest, "reduce_scatter", op=op, axis=int(axis))
 

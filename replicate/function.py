@@ -19,11 +19,12 @@ import numpy as np
 
 from . import tree
 from .backends import get_backend
-from .compiler import CompileOptions, compile_graph, debug_enabled
+from .compiler import CompileOptions, compile_step
 from .errors import ReplicateError
 from .graph.core import Array
-from .graph.passes import dce
-from .graph.trace import signature, trace_function
+from .graph.trace import signature
+from .numpy import as_array
+from .step import batch_leaves
 
 MODES = ("graph", "eager")
 
@@ -44,14 +45,12 @@ def to_numpy(x):
     return np.asarray(x)
 
 
-class _Compiled:
-    def __init__(self, graph, backend, options):
-        self.graph = graph
-        self.run = compile_graph(graph, backend, options)
-
-
 class Function:
-    """A step function with a mode and a backend; see :func:`function`."""
+    """A step function with a mode and a backend; see :func:`function`.
+
+    Graph mode compiles through the same road as ``Replicator`` (``replicate.compiler``), as
+    one replica: its collectives are rewritten (one replica per process, across the processes
+    of an MPI launch) like any step's."""
 
     def __init__(self, fn, mode="graph", backend="numpy", options=None):
         self.fn = fn
@@ -63,46 +62,39 @@ class Function:
 
     def __call__(self, *args):
         if self.mode == "eager":
-            from .numpy import as_array
-
             args = tree.tree_map(lambda x: x if isinstance(x, str) else as_array(x), args)
             return tree.tree_map(to_numpy, self.fn(*args))
-        key = signature(args)
-        entry = self.cache.get(key)
-        if entry is None:
-            entry = self.cache[key] = self._compile(args)
-        leaves = [np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-                  for x in tree.flatten(args)[0] if not isinstance(x, (str, bytes))]
-        meta = entry.graph.meta
-        outs = entry.run(leaves + [v.value for v in meta["variables"]])
-        n = meta["num_results"]
-        for var, value in zip(meta["updated"], outs[n:]):
-            var.value = value
-            var._eager = None
-        return tree.unflatten(meta["out_tree"], outs[:n])
-
-    def _compile(self, args):
-        self.trace_count += 1
-        graph, _ = trace_function(self.fn, args)
-        graph = dce(graph)
-        if debug_enabled("ir"):
-            print(f"# {getattr(self.fn, '__name__', 'fn')} after trace + dce\n{graph}")
-        return _Compiled(graph, self.backend, self.options)
+        step = self._entry(args)
+        (results,) = step(batch_leaves([args]))
+        return tree.unflatten(step.graph.meta.out_tree, results)
 
     def _entry(self, args):
         key = signature(args)
-        if key not in self.cache:
-            self.cache[key] = self._compile(args)
-        return self.cache[key]
+        step = self.cache.get(key)
+        if step is None:
+            step = self.cache[key] = self._compile(args)
+        return step
+
+    def _compile(self, args):
+        # a step outside a Replicator is one replica per process: its collectives span the
+        # processes (the runtime owns the communicator; it sits above this module)
+        from .runtime.comm import world
+
+        self.trace_count += 1
+        comm = world()
+        return compile_step(lambda a: self.fn(*a), [args], backend=self.backend,
+                            options=self.options, num_ranks=comm.size, rank=comm.rank,
+                            prefix="arg", gathers_outputs=False)
 
     def graph(self, *args):
-        """The traced (and dead-code-eliminated) graph for these arguments."""
+        """The step's graph for these arguments: traced, collectives rewritten, dead code
+        removed (before the backend's passes)."""
         return self._entry(args).graph
 
     def executable(self, *args):
         """The compiled form for these arguments (``.graph`` after the backend's passes,
         ``.kernels``)."""
-        return self._entry(args).run
+        return self._entry(args).executable
 
 
 def as_options(options) -> CompileOptions:

@@ -68,6 +68,12 @@ class Variable:
         self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf
 
+    def load(self, value) -> None:
+        """Replace the value from outside any step (a compiled step writing its update back, a
+        checkpoint restored): the next eager read starts a fresh tape leaf."""
+        self.value = value
+        self._eager = None
+
     def numpy(self) -> np.ndarray:
         return self.value
 

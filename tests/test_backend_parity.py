@@ -422,9 +422,9 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch):
     """A host node may return a handle (say, an in-flight communication) that only another host
     node reads: the backend passes it along untouched, and the device values around it."""
     from replicate.backends.jax_backend import lower
-    from replicate.backends.numpy_impl import IMPL
     from replicate.graph import primitives
     from replicate.graph.core import Array, AVal, Graph, Node
+    from replicate.graph.reference import IMPL
 
     class Handle:
         def __init__(self, value):
@@ -477,8 +477,7 @@ def test_jax_runs_fused_groups_and_large_constants():
     """The JAX pipeline leaves fusion to XLA, but a graph fused by the NumPy pipeline runs too;
     a large constant is moved to the device once and passed in."""
     from replicate.backends import jax_backend
-    from replicate.compiler import optimize
-    from replicate.graph.passes import PIPELINE
+    from replicate.compiler import PIPELINE, optimize
     from replicate.graph.primitives import REGISTRY
 
     table = np.arange(40000.0).reshape(4, 10000) / 7.0  # 320 kB: not a literal
@@ -530,7 +529,7 @@ def test_jax_missing_rule_fails_at_lowering(monkeypatch):
 @only_jax
 def test_jax_backend_runs_every_pass_but_fusion_and_memory():
     from replicate.backends import jax_backend
-    from replicate.graph.passes import PIPELINE
+    from replicate.compiler import PIPELINE
 
     assert jax_backend.passes == tuple(p for p in PIPELINE if p not in ("fusion", "memory"))
     assert "fusion" not in jax_backend.passes and "dce" in jax_backend.passes

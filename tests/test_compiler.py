@@ -20,11 +20,9 @@ import replicate as rp
 import replicate.numpy as rnp
 from conftest import PROGRAMS, have_mpi, mpirun
 from replicate.backends import get_backend
-from replicate.compiler import CompileOptions, compile_graph
+from replicate.compiler import PIPELINE, CompileOptions, compile_graph, step_graph
 from replicate.context import ReplicaContext
 from replicate.graph import validate
-from replicate.graph.passes import PIPELINE
-from replicate.runtime.replicated_graph import compile_replicated
 
 NO_PASSES = {"disable": list(PIPELINE)}
 NULL = get_backend("null")
@@ -232,7 +230,7 @@ def test_bad_options_are_errors():
 # -- gradient bucketing (structure on a two-process graph, inside one process) -----------------
 def _two_process_graph(step_fn, batches, k=1):
     contexts = [ReplicaContext(r, 2 * k, 0, 2, r, k) for r in range(k)]
-    return compile_replicated(step_fn, batches, contexts, num_ranks=2, rank=0)
+    return step_graph(step_fn, batches, contexts, num_ranks=2, rank=0)
 
 
 def _many_gradients(n=100, size=1000):

@@ -15,11 +15,12 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from replicate.compiler import collective_schedule, step_graph
 from replicate.context import ReplicaContext
 from replicate.graph.passes import cse, dce
 from replicate.graph.passes.replicate_collectives import replicate_collectives
 from replicate.graph.validate import validate
-from replicate.runtime import replicated_graph
+from replicate.step import trace_step
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
 import oracle  # noqa: E402
@@ -515,7 +516,7 @@ def _oracle_step(k, opt="adam"):
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_pipeline_stages_printed_and_valid(k):
     step_fn, batches, contexts, _ = _oracle_step(k)
-    traced = replicated_graph.trace_replicas(step_fn, batches, contexts)
+    traced = trace_step(step_fn, batches, contexts)
     validate(traced)
     text = str(traced)
     # three gradients all-reduced per replica
@@ -527,7 +528,7 @@ def test_pipeline_stages_printed_and_valid(k):
     assert text.count("local_reduce") == (3 if k > 1 else 0)
     merged = cse(rewritten)
     validate(merged)
-    final = replicated_graph.compile_replicated(step_fn, batches, contexts, 1, 0)
+    final = step_graph(step_fn, batches, contexts, 1, 0)
     validate(final)
     validate(dce(merged))
 
@@ -536,13 +537,13 @@ def test_rewrite_for_several_processes_emits_one_mpi_call_per_collective():
     """Rewriting for n=2 processes (without running it): one local combine then one MPI call."""
     k = 2
     step_fn, batches, contexts, _ = _oracle_step(k)
-    traced = replicated_graph.trace_replicas(step_fn, batches, contexts)
+    traced = trace_step(step_fn, batches, contexts)
     rewritten = replicate_collectives(traced, k, n=2, rank=1)
     validate(rewritten)
     prims = collections.Counter(node.prim for node in rewritten.nodes)
     assert prims["local_reduce"] == 3 and prims["mpi_allreduce"] == 3
     assert prims["collective"] == 0
-    schedule = replicated_graph.collective_schedule(cse(rewritten))
+    schedule = collective_schedule(cse(rewritten))
     assert len(schedule) == 3
     for text, where in schedule:
         assert text.startswith("mpi_allreduce[op=sum,size=2]")
@@ -562,7 +563,7 @@ def test_equal_collectives_are_neither_merged_nor_hidden_from_the_schedule():
         b = rp.all_reduce(x, "sum")  # MARK equal-b
         return {"y": a + b}
 
-    graph = replicated_graph.compile_replicated(step_fn, [np.ones(3)] * k, contexts, 2, 1)
+    graph = step_graph(step_fn, [np.ones(3)] * k, contexts, 2, 1)
     assert [n.prim for n in cse(graph).nodes].count("mpi_allreduce") == 2
     schedule = graph.meta["collective_schedule"]
     assert [text for text, _ in schedule] == ["mpi_allreduce[op=sum,size=2] f64[3]"] * 2 + [
@@ -580,7 +581,7 @@ def test_rewrite_for_several_processes_other_kinds(kind, attrs):
     fn = {"all_gather": rp.all_gather, "permute": rp.permute, "broadcast": rp.broadcast,
           "reduce_scatter": rp.reduce_scatter}[kind]
     contexts = [ReplicaContext(2 + r, k * n, 1, n, r, k) for r in range(k)]
-    traced = replicated_graph.trace_replicas(lambda x: {"y": fn(x, **attrs)},
+    traced = trace_step(lambda x: {"y": fn(x, **attrs)},
                                              [np.ones(4)] * k, contexts)
     rewritten = replicate_collectives(traced, k, n=n, rank=1)
     validate(rewritten)
@@ -622,11 +623,11 @@ def test_every_rank_compiles_the_same_cross_process_schedule(k, kind, attrs):
     for rank in range(n):
         contexts = [ReplicaContext(rank * k + r, R, rank, n, r, k) for r in range(k)]
         batches = [{"x": X[c.replica_id], "c": C[c.replica_id]} for c in contexts]
-        graph = replicated_graph.compile_replicated(_case_step(kind, attrs), batches, contexts,
+        graph = step_graph(_case_step(kind, attrs), batches, contexts,
                                                     n, rank)
         validate(graph)
         assert not any(node.prim == "collective" for node in graph.nodes)
-        schedules.append(replicated_graph.collective_schedule(graph))
+        schedules.append(collective_schedule(graph))
         # what the ranks compare (as written, plus the outputs' gathering) is what runs
         written = graph.meta["collective_schedule"]
         assert written[:-1] == schedules[-1] and "step_fn's outputs" in written[-1][0]
@@ -676,7 +677,7 @@ def test_cse_leaves_one_update_chain_per_parameter(opt):
         update_sizes[k] = _descendants_of(graph, "local_reduce")
         sizes[k] = len(graph.nodes)
         # before CSE each replica has its own copy of the update
-        traced = replicated_graph.trace_replicas(step_fn, batches, contexts)
+        traced = trace_step(step_fn, batches, contexts)
         before_cse[k] = _descendants_of(replicate_collectives(traced, k), "local_reduce")
     # everything after the all-reduce is shared: it does not grow with k (before CSE it did)
     assert update_sizes[2] == update_sizes[3] == update_sizes[4] > 0

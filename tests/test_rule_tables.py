@@ -13,10 +13,10 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.backends.numpy_impl import IMPL
 from replicate.errors import MissingRuleError
 from replicate.graph import primitives
 from replicate.graph.primitives import REGISTRY
+from replicate.graph.reference import IMPL
 from replicate.graph.vjp_rules import VJP
 
 

@@ -7,12 +7,13 @@ Each fused group becomes one kernel:
 * a group with a reduction: a ``cupy.ReductionKernel`` whose ``map_expr`` calls a generated device
   function for the prologue, whose ``reduce_expr``/``identity`` come from the reduction, and whose
   ``post_map_expr`` calls a device function for the epilogue (the epilogue reads only the reduced
-  value and constants: the fusion pass guarantees scalars, constants are inlined as literals, and
-  a non-constant scalar makes the epilogue a kernel of its own).
+  value and constants: ``accepts`` tells the fusion pass so, and constants are inlined as
+  literals).
 
-The per-primitive CUDA expressions are a rule table (``CUDA``), checked for completeness with the
-other tables. ``standalone_source`` wraps a kernel into a complete ``.cu`` translation unit so
-the code can be compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
+The per-primitive CUDA expressions are a rule table (``CUDA``) built from the primitives'
+declarations (``cuda=`` templates) plus the few whose expression depends on the type, checked
+for completeness with the other tables. ``standalone_source`` wraps a kernel into a complete
+``.cu`` translation unit so the code can be compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .numpy_impl import RuleTable
+from ..graph.primitives import REGISTRY, RuleTable
 
 CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
          "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
@@ -47,32 +48,20 @@ def _div(a, b, t):
     return f"({a} / {b})" if t in ("float", "double", "float16") else f"_floordiv({a}, {b})"
 
 
+def _template(text):
+    """A declaration's ``cuda=`` template as a rule: operands {a}, {b}, {c}; result type {t}."""
+    def rule(*args, t, **_):
+        return text.format(t=t, **dict(zip("abc", args)))
+    return rule
+
+
 # prim -> fn(*argument expressions, t=output C type, attrs) -> expression
-CUDA = RuleTable("cuda", {
-    "neg": lambda a, t, **_: f"(-{a})",
-    "abs": lambda a, t, **_: f"({a} < 0 ? -{a} : {a})",
-    "sign": lambda a, t, **_: f"(({t})(({a} > 0) - ({a} < 0)))",
-    "exp": lambda a, t, **_: f"exp({a})", "log": lambda a, t, **_: f"log({a})",
-    "log1p": lambda a, t, **_: f"log1p({a})", "expm1": lambda a, t, **_: f"expm1({a})",
-    "sqrt": lambda a, t, **_: f"sqrt({a})", "rsqrt": lambda a, t, **_: f"rsqrt({a})",
-    "tanh": lambda a, t, **_: f"tanh({a})", "sin": lambda a, t, **_: f"sin({a})",
-    "cos": lambda a, t, **_: f"cos({a})",
-    "logistic": lambda a, t, **_: f"(({t})1 / (({t})1 + exp(-{a})))",
-    "add": lambda a, b, t, **_: f"({a} + {b})", "sub": lambda a, b, t, **_: f"({a} - {b})",
-    "mul": lambda a, b, t, **_: f"({a} * {b})", "div": lambda a, b, t, **_: _div(a, b, t),
-    "pow": lambda a, b, t, **_: f"(({t})pow({a}, {b}))",
+CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items() if p.cuda})
+CUDA.update({  # expressions that depend on the type
+    "div": lambda a, b, t, **_: _div(a, b, t),
     "maximum": lambda a, b, t, **_: _max(a, b), "minimum": lambda a, b, t, **_: _min(a, b),
-    "eq": lambda a, b, t, **_: f"({a} == {b})", "ne": lambda a, b, t, **_: f"({a} != {b})",
-    "lt": lambda a, b, t, **_: f"({a} < {b})", "le": lambda a, b, t, **_: f"({a} <= {b})",
-    "gt": lambda a, b, t, **_: f"({a} > {b})", "ge": lambda a, b, t, **_: f"({a} >= {b})",
-    "logical_and": lambda a, b, t, **_: f"({a} && {b})",
-    "logical_or": lambda a, b, t, **_: f"({a} || {b})",
-    "logical_not": lambda a, t, **_: f"(!{a})",
-    "select": lambda c, a, b, t, **_: f"({c} ? {a} : {b})",
-    "cast": lambda a, t, **_: f"(({t}){a})",
-    "stop_gradient": lambda a, t, **_: a,
-    "broadcast_to": lambda a, t, **_: a,  # the kernel's indexing broadcasts
 })
+
 
 REDUCE = {  # prim -> (reduce_expr, identity(dtype))
     "reduce_sum": ("a + b", lambda d: "0"),
@@ -150,6 +139,22 @@ def _statements(nodes, names, out_t=None):
         names[node.out.id] = f"v{k}"
         lines.append(f"const {t} v{k} = {expr};")
     return lines
+
+
+def accepts(members) -> bool:
+    """Whether ``generate`` makes one kernel of a group the fusion pass would form (``members``:
+    its nodes in order): a reduction's epilogue may read, from outside the group, only the
+    reduced value and constants (they become literals)."""
+    reduction = next((i for i, m in enumerate(members) if REGISTRY[m.prim].fuse == "reduce"),
+                     None)
+    if reduction is None:
+        return True
+    inside = {m.out.id for m in members}
+    for m in members[reduction + 1:]:
+        for x in m.inputs:
+            if x.id not in inside and not (x.node is not None and x.node.prim == "const"):
+                return False
+    return True
 
 
 def generate(node, consts: dict, name: str) -> KernelSpec:

@@ -17,13 +17,15 @@ device on each call.
 from __future__ import annotations
 
 import cupy  # ImportError here -> "pip install 'replicate[cuda12]'"
+import cupyx
 
-from ..compiler import Executable, debug_enabled
+from ..debug import debug_enabled
 from ..errors import ReplicateError
-from ..graph.primitives import COLLECTIVE, REGISTRY
+from ..graph.primitives import REGISTRY, index_tuple
+from ..graph.reference import IMPL
 from . import cuda_codegen
+from .base import Executable
 from .numpy_backend import kernels
-from .numpy_impl import IMPL
 
 try:
     _DEVICES = cupy.cuda.runtime.getDeviceCount()
@@ -34,6 +36,7 @@ if not _DEVICES:
 
 name = "cupy"
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion")  # CuPy's pool manages memory
+fusion_accepts = cuda_codegen.accepts  # only groups that become one generated kernel
 
 _KERNELS: dict = {}
 
@@ -58,9 +61,9 @@ def _compile(spec):
 def _fused_fn(node, consts, index):
     try:
         spec = cuda_codegen.generate(node, consts, f"replicate_fused_{index}")
-    except NotImplementedError:  # e.g. an epilogue reading a runtime scalar: op by op
-        body = node.attrs["body"].graph
-        return lambda *xs: _interpret(body, xs)
+    except NotImplementedError as e:  # fusion asked ``fusion_accepts``: this is a bug, not a path
+        raise ReplicateError(f"internal error: fused group {node.attrs['body']} has no kernel "
+                             f"({e}); please report it") from None
     kernel = _compile(spec)
     if spec.kind == "elementwise":
         shape, dtype = node.out.shape, node.out.dtype
@@ -86,10 +89,6 @@ def _random_uniform(key, shape, dtype):
 
 
 def _scatter_add(g, *idx, index, shape):
-    import cupyx
-
-    from ..graph.primitives import index_tuple
-
     out = cupy.zeros(shape, g.dtype)
     cupyx.scatter_add(out, index_tuple(index, idx), g)
     return out
@@ -105,7 +104,7 @@ DEVICE = {
 
 
 def _op_fn(node):
-    if REGISTRY[node.prim].kind == COLLECTIVE:  # host-staged communication
+    if REGISTRY[node.prim].host:  # host-staged communication
         fn, attrs = IMPL[node.prim], node.attrs
         if node.prim == "comm_start":
             return lambda x: fn(cupy.asnumpy(x), **attrs)
@@ -119,13 +118,6 @@ def _op_fn(node):
         value = cupy.asarray(fn(*xs, **attrs))
         return value if value.dtype == dtype else value.astype(dtype)
     return run
-
-
-def _interpret(graph, values):
-    env = {x.id: v for x, v in zip(graph.inputs, values)}
-    for node in graph.nodes:
-        env[node.out.id] = _op_fn(node)(*[env[i.id] for i in node.inputs])
-    return env[graph.outputs[0].id]
 
 
 def lower(graph):

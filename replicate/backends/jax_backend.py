@@ -28,15 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..compiler import Executable
-from ..graph.passes import PIPELINE
-from ..graph.primitives import COLLECTIVE, REGISTRY
+from ..graph.interpret import eval_nodes
+from ..graph.primitives import REGISTRY
+from ..graph.reference import IMPL
+from .base import Executable
 from .jax_impl import JAX, apply
-from .numpy_impl import IMPL
 
 name = "jax"
-# XLA fuses and plans memory itself: every other pass of the pipeline, in its order
-passes = tuple(p for p in PIPELINE if p not in ("fusion", "memory"))
+# XLA fuses and plans memory itself: every other pass of the pipeline
+passes = ("const_fold", "cse", "dce", "bucketing")
 
 # Donate each input that a segment replaces (an output of the same shape and dtype, last read
 # there) so XLA can write the new value into it. ``None``: only off CPU. On CPU our outputs are
@@ -51,7 +51,7 @@ INLINE_CONST_BYTES = 1 << 16
 
 
 def is_host(node) -> bool:
-    return REGISTRY[node.prim].kind == COLLECTIVE
+    return REGISTRY[node.prim].host
 
 
 class _Segment:
@@ -65,9 +65,7 @@ class _Segment:
 
     def _body(self, *args):
         self.program.traces += 1
-        env = dict(zip(self.reads, args))
-        for node in self.nodes:
-            env[node.out.id] = apply(node, [env[i.id] for i in node.inputs])
+        env = eval_nodes(self.nodes, dict(zip(self.reads, args)), apply)
         return tuple(env[i] for i in self.writes)
 
     def first_call(self, args):

@@ -2,19 +2,21 @@
 
 ``lower`` turns the optimised graph into a flat list of steps run by one loop. Fused groups,
 elementwise ops, reductions and matmuls write into buffers that the memory plan
-(``passes/memory.py``) allocated once, with ``out=`` — inside a fused group too, where the
+(``numpy_memory.py``) allocated once, with ``out=`` — inside a fused group too, where the
 intermediate values of a chain share a scratch buffer in place — so a step makes no per-op
-temporaries where NumPy allows it. Everything else calls the reference table ``IMPL``.
+temporaries where NumPy allows it. Everything else calls the reference table ``IMPL``. An
+elementwise primitive whose reference is a NumPy ufunc writes with ``out=`` without being listed
+here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import Executable
-from ..graph.passes.memory import plan_memory
-from ..graph.primitives import COLLECTIVE, ELEMENTWISE, REGISTRY
-from .numpy_impl import IMPL, _logistic
+from ..graph.primitives import REGISTRY, SOURCE
+from ..graph.reference import IMPL, _logistic_np
+from .base import Executable
+from .numpy_memory import plan_memory
 
 name = "numpy"
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion", "memory")
@@ -49,23 +51,21 @@ def _reduction(ufunc):
     return run
 
 
-# elementwise primitives that can write into a given buffer: fn(*inputs, out=buffer, **attrs)
-OUT_UFUNCS = {
-    "neg": np.negative, "abs": np.absolute, "sign": np.sign, "exp": np.exp, "log": np.log,
-    "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin,
-    "cos": np.cos, "logistic": _logistic, "add": np.add, "sub": np.subtract, "mul": np.multiply,
-    "pow": np.power,
-    "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal,
-    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_not": np.logical_not,
-    "rsqrt": _rsqrt, "select": _select, "cast": _cast, "div": _div,
-}
+# elementwise primitives that can write into a given buffer: fn(*inputs, out=buffer, **attrs):
+# every one whose reference is a ufunc, and these
+OUT_UFUNCS = {name: fn for name, fn in IMPL.items()
+              if isinstance(fn, np.ufunc) and name in REGISTRY and REGISTRY[name].elementwise}
+OUT_UFUNCS.update({"rsqrt": _rsqrt, "select": _select, "cast": _cast, "div": _div,
+                   "logistic": _logistic_np})
 OUT_OTHER = {
     "reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
     "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum),
     "matmul": lambda a, b, out: np.matmul(a, b, out=out),
     "concatenate": lambda *xs, axis, out: np.concatenate(xs, axis=axis, out=out),
 }
+
+
+writes_out = frozenset(OUT_UFUNCS) | frozenset(OUT_OTHER) | {"fused"}  # for memory planning
 
 
 def _out_fn(node):
@@ -80,8 +80,13 @@ def _out_fn(node):
 
 def _plain_fn(node):
     fn, attrs, dtype = IMPL[node.prim], node.attrs, node.out.dtype
-    if node.prim == "comm_start":  # its value is a handle, not an array
-        return lambda x: fn(x, **attrs)
+    if REGISTRY[node.prim].host:  # communication: its value may be a handle, not an array
+        def host(*xs):
+            value = fn(*xs, **attrs)
+            if isinstance(value, np.ndarray) and value.dtype != dtype:
+                value = value.astype(dtype)
+            return value
+        return host
 
     def run(*xs):
         value = fn(*xs, **attrs)
@@ -138,9 +143,9 @@ def _blocked_runner(node):
             not (final.prim in OUT_UFUNCS or final.prim in OUT_OTHER):
         return None
     for n in body.nodes:
-        if n.prim != "const" and (REGISTRY[n.prim].kind != ELEMENTWISE or n.out.shape != shape):
+        if n.prim != "const" and (not REGISTRY[n.prim].elementwise or n.out.shape != shape):
             return None
-    plan = plan_memory(body, OUT_UFUNCS)
+    plan = plan_memory(body, writes_out)
     scratch = [np.empty(CHUNK if s == shape else s, d) for s, d in plan.buffers]
     steps, slot = _program(body, plan, scratch)
     programs = {CHUNK: steps}  # the body's steps on blocks of m elements (m < CHUNK: the tail)
@@ -173,7 +178,7 @@ def _blocked_runner(node):
 
 def _whole_runner(node):
     body = node.attrs["body"].graph
-    plan = plan_memory(body, OUT_UFUNCS)
+    plan = plan_memory(body, writes_out)
     scratch = [np.empty(shape, dtype) for shape, dtype in plan.buffers]
     steps, slot = _program(body, plan, scratch)
     n_in, n_slots, result = len(body.inputs), len(slot), slot[body.outputs[0].id]
@@ -202,7 +207,8 @@ def _whole_runner(node):
 
 def lower(graph):
     """Return an ``Executable`` for ``graph`` (inputs and outputs are NumPy arrays)."""
-    plan = graph.meta.get("memory_plan") or plan_memory(graph, ())
+    # without the memory pass, only the ops that cannot do without a buffer get one
+    plan = graph.meta.memory_plan or plan_memory(graph, frozenset(OUT_OTHER) | {"fused"})
     buffers = [np.empty(shape, dtype) for shape, dtype in plan.buffers]
     steps, slot = _program(graph, plan, buffers)
     n_inputs, n_slots = len(graph.inputs), len(slot)
@@ -222,13 +228,16 @@ def lower(graph):
     return Executable(graph, run, kernels(graph))
 
 
+FREE_VIEWS = ("reshape", "stop_gradient")  # in NumPy these never copy
+
+
 def kernels(graph) -> list[str]:
     """What a call launches: one entry per fused group or compute op (views, constants and
     communication are not kernels)."""
     out = []
     for node in graph.nodes:
-        if node.prim in ("const", "reshape", "stop_gradient") or \
-                REGISTRY[node.prim].kind == COLLECTIVE:
+        spec = REGISTRY[node.prim]
+        if spec.kind == SOURCE or spec.host or node.prim in FREE_VIEWS:
             continue
         if node.prim == "fused":
             out.append("fused[" + ",".join(node.attrs["body"].prims) + "]")

@@ -7,32 +7,22 @@ that produced it, so the same graph walk serves as the eager tape and as the tra
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ..errors import ReplicateError, TracerConversionError, source_line, user_frame
+from .aval import AVal, dtype_short
+from .primitives import REGISTRY, get
+from .printer import format_graph
+from .reference import IMPL
 
-
-class AVal(NamedTuple):
-    """Abstract value: what the IR knows about an array before it exists."""
-
-    shape: tuple
-    dtype: np.dtype
-
-    def __str__(self) -> str:
-        return f"{dtype_short(self.dtype)}[{','.join(map(str, self.shape))}]"
-
-
-_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "i8",
-          "int32": "i32", "int64": "i64", "uint8": "u8", "uint32": "u32", "bool": "bool"}
-
-
-def dtype_short(dtype) -> str:
-    return _SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)
+__all__ = ["AVal", "Array", "Graph", "GraphMeta", "Node", "bind", "concrete", "current_trace",
+           "dtype_short", "set_trace"]
 
 
 _ids = itertools.count()
@@ -152,17 +142,52 @@ class Array:
 
 
 @dataclass
+class GraphMeta:
+    """What a graph's inputs and outputs mean, for whoever feeds and reads them.
+
+    ``input_names``: one per input (printing, error messages). A traced step also records
+    ``variables`` (the Variables its last inputs read, in order), ``updated`` (the Variables its
+    last outputs write back, in order), ``num_results`` and ``out_tree`` (how many leading
+    outputs are per replica step results and their nest structure), ``replicas`` (k) and
+    ``collective_schedule`` (the cross-process exchanges as written, which the ranks compare).
+    A backend may attach its own plan (``memory_plan``). Read as attributes or, like a dict,
+    ``meta["updated"]``."""
+
+    input_names: list | None = None
+    variables: list = field(default_factory=list)
+    updated: list = field(default_factory=list)
+    num_results: int = 0
+    out_tree: Any = None
+    replicas: int = 1
+    collective_schedule: list | None = None
+    memory_plan: Any = None
+
+    def __getitem__(self, key):
+        if key not in _META_FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        value = getattr(self, key, None) if key in _META_FIELDS else None
+        return default if value is None else value
+
+    def copy(self, **changes) -> GraphMeta:
+        return dataclasses.replace(self, **changes)
+
+
+_META_FIELDS = frozenset(f.name for f in dataclasses.fields(GraphMeta))
+
+
+@dataclass
 class Graph:
-    """A traced program: inputs, nodes in execution order, outputs."""
+    """A traced program: inputs, nodes in execution order, outputs (and what they mean)."""
 
     inputs: list
     nodes: list
     outputs: list
-    meta: dict = field(default_factory=dict)
+    meta: GraphMeta = field(default_factory=GraphMeta)
 
     def __str__(self) -> str:
-        from .printer import format_graph
-
         return format_graph(self)
 
 
@@ -188,24 +213,10 @@ def concrete(value, dtype=None) -> Array:
     return Array(AVal(tuple(value.shape), value.dtype), value=value)
 
 
-_tables: dict = {}
-
-
-def _load_tables():
-    from ..backends.numpy_impl import IMPL
-    from .primitives import REGISTRY
-
-    _tables.update(registry=REGISTRY, impl=IMPL)
-
-
 def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
     """Apply a primitive: record a node in the active trace, or compute it now (eager)."""
-    if not _tables:
-        _load_tables()
-    spec = _tables["registry"].get(prim)
+    spec = REGISTRY.get(prim)
     if spec is None:
-        from .primitives import get
-
         spec = get(prim)  # raises MissingRuleError
     avals = [x.aval for x in inputs]
     try:
@@ -229,7 +240,7 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         raise ReplicateError(
             f"a traced value escaped its trace and was used at {source_line(user_frame())}; "
             "return it from the traced function instead")
-    value = _tables["impl"][prim](*values, **attrs)
+    value = IMPL[prim](*values, **attrs)
     if type(value) is not np.ndarray:
         value = np.asarray(value)
     if value.dtype != aval.dtype:

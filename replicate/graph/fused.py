@@ -2,20 +2,24 @@
 reduction and its elementwise prologue and epilogue.
 
 A fused node's ``body`` is a small graph of its own whose inputs stand for the node's inputs and
-whose one output is the node's output. The elementwise fusion pass
-(``passes/fusion.py``) builds them; backends run a body as one kernel (CuPy: generated CUDA; NumPy:
-ufuncs writing into preallocated buffers).
+whose one output is the node's output. The elementwise fusion pass (``passes/fusion.py``) builds
+them from the primitives flagged ``fuse="map"``/``"reduce"``; backends run a body as one kernel
+(CuPy: generated CUDA; NumPy: ufuncs writing into preallocated buffers; reference: the
+interpreter).
 """
 
 from __future__ import annotations
 
+from ..errors import ShapeError
 from .core import Graph
-from .primitives import FUSED, declare
+from .interpret import eval_graph
+from .primitives import ELEMENTWISE, FUSED, REGISTRY, declare, prims_where
+from .reference import IMPL
 
-# elementwise-like structural ops a fused group may contain: in a kernel they are only a way of
-# indexing an input (broadcasting), never a copy
-FUSIBLE_STRUCTURAL = ("broadcast_to",)
-FUSIBLE_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
+# the non-elementwise ops a fused group may contain (from the primitives' ``fuse`` flags)
+FUSIBLE_STRUCTURAL = tuple(sorted(n for n in prims_where(fuse="map")
+                                  if REGISTRY[n].kind != ELEMENTWISE))
+FUSIBLE_REDUCTIONS = tuple(sorted(prims_where(fuse="reduce")))
 
 
 class FusedBody:
@@ -39,8 +43,6 @@ class FusedBody:
 def _fused_shape(*avals, body: FusedBody):
     expect = [x.aval for x in body.graph.inputs]
     if list(avals) != expect:
-        from ..errors import ShapeError
-
         raise ShapeError(f"fused group expects {[str(a) for a in expect]}, got "
                          f"{[str(a) for a in avals]}")
     return body.graph.outputs[0].aval
@@ -48,23 +50,8 @@ def _fused_shape(*avals, body: FusedBody):
 
 def run_body(body: FusedBody, *values):
     """Reference semantics: interpret the body with the NumPy table, node by node."""
-    from ..backends.numpy_impl import IMPL
-
-    env = {x.id: v for x, v in zip(body.graph.inputs, values)}
-    for node in body.graph.nodes:
-        value = IMPL[node.prim](*[env[i.id] for i in node.inputs], **node.attrs)
-        env[node.out.id] = value.astype(node.out.aval.dtype, copy=False) \
-            if hasattr(value, "astype") else value
-    return env[body.graph.outputs[0].id]
+    return eval_graph(body.graph, values)[0]
 
 
 declare(FUSED, FUSED, _fused_shape, differentiable=False)  # built after autodiff
-
-
-def _register():
-    from ..backends.numpy_impl import IMPL
-
-    IMPL[FUSED] = lambda *xs, body: run_body(body, *xs)
-
-
-_register()
+IMPL[FUSED] = lambda *xs, body: run_body(body, *xs)

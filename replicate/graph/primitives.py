@@ -1,11 +1,18 @@
-"""Primitive declarations and their shape/dtype rules.
+"""Primitive declarations: each primitive once, with its flags and its shape/dtype rule.
 
-Every primitive is declared once here with its kind. The other concerns live in their own tables,
-keyed by the primitive's name:
+A primitive's other concerns live in rule tables keyed by its name, one ``RuleTable`` each:
 
 * shape/dtype rule ......... this module (``Primitive.shape_rule``)
-* NumPy implementation ..... ``replicate/backends/numpy_impl.py`` (``IMPL``)
+* CUDA expression .......... this module too (``cuda=``: a C template, for fused kernels)
+* NumPy reference .......... ``replicate/graph/reference.py`` (``IMPL``; JAX reuses its rows)
 * gradient (VJP) rule ...... ``replicate/graph/vjp_rules.py`` (``VJP``)
+
+The flags say what kind of op it is, and every pass and backend reads them instead of keeping
+lists of names: ``effect`` (must run even when unused and is never merged: communication),
+``host`` (runs on the host through the reference table), ``view`` (its result may share memory
+with its first input), ``fuse`` (``"map"`` or ``"reduce"``: what it can be in a fused kernel),
+``exchange`` (talks to the other processes), ``placeholder`` (a replica-level collective that
+``passes/replicate_collectives.py`` rewrites), ``random`` (its value depends on a key).
 
 ``tests/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
 """
@@ -18,26 +25,73 @@ from typing import Callable
 import numpy as np
 
 from ..errors import MissingRuleError, ShapeError
-from .core import AVal
+from .aval import AVal
 
 ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE, FUSED = (
     "elementwise", "reduction", "structural", "contraction", "random", "source", "collective",
     "fused")
+KINDS = (ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE, FUSED)
 
 
 @dataclass(frozen=True)
 class Primitive:
+    """A primitive: its name, kind, shape rule and flags (see the module docstring).
+
+    Flags left as ``None`` follow from the kind: an elementwise op fuses as a map, a random op
+    is random, a collective (communication) runs on the host."""
+
     name: str
     kind: str
     shape_rule: Callable
     differentiable: bool = True  # False: gradient is zero by definition (no VJP entry needed)
+    effect: bool = False
+    host: bool | None = None
+    view: bool = False
+    fuse: str | None = None
+    exchange: bool = False
+    placeholder: bool = False
+    cuda: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"primitive {self.name!r}: unknown kind {self.kind!r}")
+        if self.host is None:
+            object.__setattr__(self, "host", self.kind == COLLECTIVE)
+        if self.fuse is None and self.kind == ELEMENTWISE:
+            object.__setattr__(self, "fuse", "map")
+
+    @property
+    def random(self) -> bool:
+        return self.kind == RANDOM
+
+    @property
+    def elementwise(self) -> bool:
+        return self.kind == ELEMENTWISE
+
+    @property
+    def foldable(self) -> bool:
+        """Deterministic and free of effects: computable at compile time from constants."""
+        return not (self.random or self.host or self.effect or self.kind == SOURCE)
+
+
+class RuleTable(dict):
+    """A rule table (primitive name -> rule) whose lookup of a missing primitive says which rule
+    is missing: ``no <table> rule for <op>``."""
+
+    def __init__(self, table: str, rules: dict | None = None):
+        super().__init__(rules or {})
+        self.table = table
+
+    def __missing__(self, name):
+        raise MissingRuleError(f"no {self.table} rule for {name}")
 
 
 REGISTRY: dict[str, Primitive] = {}
 
 
-def declare(name, kind, shape_rule, differentiable=True):
-    REGISTRY[name] = Primitive(name, kind, shape_rule, differentiable)
+def declare(name, kind, shape_rule, differentiable=True, **flags) -> Primitive:
+    prim = REGISTRY[name] = Primitive(name, kind, shape_rule, differentiable, **flags)
+    return prim
 
 
 def get(name: str) -> Primitive:
@@ -268,36 +322,45 @@ def _const(*, value):
 
 
 # -- the declarations ---------------------------------------------------------------------------
-declare("neg", ELEMENTWISE, _unary_signed)
-declare("abs", ELEMENTWISE, _unary)
-for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "logistic", "sin", "cos"):
-    declare(_name, ELEMENTWISE, _unary_float)
-for _name in ("add", "mul", "div", "pow", "maximum", "minimum"):
-    declare(_name, ELEMENTWISE, _binary)
-declare("sub", ELEMENTWISE, _binary_signed)
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    declare(_name, ELEMENTWISE, _compare, differentiable=False)
-for _name in ("logical_and", "logical_or"):
-    declare(_name, ELEMENTWISE, _logical, differentiable=False)
-declare("logical_not", ELEMENTWISE, _unary, differentiable=False)
-declare("sign", ELEMENTWISE, _unary_signed, differentiable=False)  # derivative: 0 almost anywhere
-declare("select", ELEMENTWISE, _select)
-declare("cast", ELEMENTWISE, _cast)
-declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False)
+# ``cuda``: the expression of one element in a generated kernel; {a}, {b}, {c} are the operands,
+# {t} the C type of the result. Ops whose expression depends on the type are written in
+# ``backends/cuda_codegen.py`` (``CUDA_RULES``).
+_C_UNARY = {"exp": "exp({a})", "log": "log({a})", "log1p": "log1p({a})", "expm1": "expm1({a})",
+            "sqrt": "sqrt({a})", "rsqrt": "rsqrt({a})", "tanh": "tanh({a})", "sin": "sin({a})",
+            "cos": "cos({a})", "logistic": "(({t})1 / (({t})1 + exp(-{a})))"}
+declare("neg", ELEMENTWISE, _unary_signed, cuda="(-{a})")
+declare("abs", ELEMENTWISE, _unary, cuda="({a} < 0 ? -{a} : {a})")
+for _name, _c in _C_UNARY.items():
+    declare(_name, ELEMENTWISE, _unary_float, cuda=_c)
+for _name, _c in (("add", "({a} + {b})"), ("mul", "({a} * {b})"), ("div", None),
+                  ("pow", "(({t})pow({a}, {b}))"), ("maximum", None), ("minimum", None)):
+    declare(_name, ELEMENTWISE, _binary, cuda=_c)
+declare("sub", ELEMENTWISE, _binary_signed, cuda="({a} - {b})")
+for _name, _op in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
+                   ("ge", ">=")):
+    declare(_name, ELEMENTWISE, _compare, differentiable=False, cuda=f"({{a}} {_op} {{b}})")
+for _name, _op in (("logical_and", "&&"), ("logical_or", "||")):
+    declare(_name, ELEMENTWISE, _logical, differentiable=False, cuda=f"({{a}} {_op} {{b}})")
+declare("logical_not", ELEMENTWISE, _unary, differentiable=False, cuda="(!{a})")
+declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative: 0 almost anywhere
+        cuda="(({t})(({a} > 0) - ({a} < 0)))")
+declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")
+declare("cast", ELEMENTWISE, _cast, cuda="(({t}){a})")
+declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, view=True, cuda="{a}")
 
-declare("reduce_sum", REDUCTION, _reduce)
-declare("reduce_prod", REDUCTION, _reduce)
-declare("reduce_max", REDUCTION, _reduce_nonempty)
-declare("reduce_min", REDUCTION, _reduce_nonempty)
+for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
+    declare(_name, REDUCTION, _reduce_nonempty if _name in ("reduce_max", "reduce_min")
+            else _reduce, fuse="reduce")
 declare("argmax", REDUCTION, _arg_reduce, differentiable=False)
 declare("argmin", REDUCTION, _arg_reduce, differentiable=False)
 
-declare("reshape", STRUCTURAL, _reshape)
-declare("transpose", STRUCTURAL, _transpose)
-declare("broadcast_to", STRUCTURAL, _broadcast_to)
+declare("reshape", STRUCTURAL, _reshape, view=True)
+declare("transpose", STRUCTURAL, _transpose, view=True)
+# in a kernel, broadcasting is only a way of indexing an input, never a copy
+declare("broadcast_to", STRUCTURAL, _broadcast_to, view=True, fuse="map", cuda="{a}")
 declare("concatenate", STRUCTURAL, _concatenate)
 declare("pad", STRUCTURAL, _pad)
-declare("getitem", STRUCTURAL, _getitem)
+declare("getitem", STRUCTURAL, _getitem, view=True)
 declare("scatter_add", STRUCTURAL, _scatter_add)
 
 declare("matmul", CONTRACTION, _matmul)
@@ -306,3 +369,10 @@ declare("einsum", CONTRACTION, _einsum)
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)
 declare("const", SOURCE, _const, differentiable=False)
+
+
+def prims_where(**flags) -> frozenset:
+    """The names of the primitives whose flags have these values, e.g. ``prims_where(fuse=
+    "reduce")``."""
+    return frozenset(name for name, p in REGISTRY.items()
+                     if all(getattr(p, k) == v for k, v in flags.items()))

@@ -4,11 +4,16 @@
         a:f32[4] = matmul x b
         ...
       in (c) }
+
+A placeholder collective (``all_reduce`` & co. before the rewrite) prints as
+``collective[kind='all_reduce' ...]``: it is not communication yet.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .primitives import REGISTRY
 
 
 def _names():
@@ -49,11 +54,15 @@ def format_graph(graph, indent: str = "", gen=None, names=None) -> str:
     lines = [indent + "{ lambda " + " ".join(typed(x) for x in graph.inputs) + " ."]
     for node in graph.nodes:
         attrs = {k: v for k, v in node.attrs.items() if k != "body"}
+        prim = node.prim
+        spec = REGISTRY.get(prim)
+        if spec is not None and spec.placeholder:  # not communication yet: say so
+            attrs, prim = {"kind": prim, **attrs}, "collective"
         text = ""
         if attrs:
             text = "[" + " ".join(f"{k}={_fmt_attr(v)}" for k, v in attrs.items()) + "]"
         args = " ".join(name(i) for i in node.inputs)
-        lines.append(f"{indent}    {typed(node.out)} = {node.prim}{text} {args}".rstrip())
+        lines.append(f"{indent}    {typed(node.out)} = {prim}{text} {args}".rstrip())
         if "body" in node.attrs:  # a fused group: its body, indented below it
             lines.append(format_graph(node.attrs["body"].graph, indent + "      ", gen, names))
     lines.append(indent + "  in (" + ", ".join(name(o) for o in graph.outputs) + ") }")

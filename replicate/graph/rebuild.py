@@ -16,7 +16,7 @@ class Rebuilder:
         self.old = graph
         self.trace = Trace()
         self.subst: dict[int, Array] = {}
-        for x, name in zip(graph.inputs, graph.meta.get("input_names") or
+        for x, name in zip(graph.inputs, graph.meta.input_names or
                            [f"in{i}" for i in range(len(graph.inputs))]):
             self.subst[x.id] = self.trace.new_input(x.aval, name)
 
@@ -45,4 +45,4 @@ class Rebuilder:
     def finish(self, outputs=None, meta=None) -> Graph:
         outs = [self.subst[o.id] for o in self.old.outputs] if outputs is None else outputs
         return Graph(list(self.trace.inputs), list(self.trace.nodes), outs,
-                     dict(self.old.meta if meta is None else meta))
+                     (self.old.meta if meta is None else meta).copy())

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import tree
 from ..errors import ReplicateError
-from .core import Array, AVal, Graph, Node, set_trace
+from .aval import AVal
+from .core import Array, Node, set_trace
 
 
 class Trace:
@@ -80,10 +81,9 @@ class Trace:
     def variable_input(self, var) -> Array:
         return self._var_input[id(var)]
 
-    def updates(self, replica: int = 0) -> dict:
-        """{variable: final value} written by one replica."""
-        return {var: self._var_current[(replica, id(var))] for var in self.variables
-                if (replica, id(var)) in self._var_current}
+    def writes(self, var, replicas: int) -> list:
+        """The final value each of ``replicas`` replicas wrote into ``var`` (None: no write)."""
+        return [self._var_current.get((r, id(var))) for r in range(replicas)]
 
 
 @contextlib.contextmanager
@@ -122,34 +122,3 @@ def trace_inputs(trace: Trace, args, prefix="arg"):
         value = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
         traced.append(trace.new_input(AVal(tuple(value.shape), value.dtype), f"{prefix}{i}"))
     return tree.unflatten(treedef, traced)
-
-
-def output_leaves(trace: Trace, out) -> tuple[list, object]:
-    """Flatten a traced function's result into graph values (numbers become constants)."""
-    from ..numpy import as_array
-
-    leaves, treedef = tree.flatten(out)
-    values = []
-    for leaf in leaves:
-        try:
-            values.append(trace.lift(as_array(leaf)))
-        except ReplicateError:
-            raise ReplicateError(
-                f"a step function must return arrays (or nests of them); got "
-                f"{type(leaf).__name__}") from None
-    return values, treedef
-
-
-def trace_function(fn, args) -> tuple[Graph, Trace]:
-    """Trace ``fn(*args)`` into a graph: inputs = array args then variables; outputs = results
-    then updated variables (``graph.meta`` records which is which)."""
-    trace = Trace()
-    with active(trace):
-        traced_args = trace_inputs(trace, args)
-        out = fn(*traced_args)
-        outs, out_tree = output_leaves(trace, out)
-    updates = trace.updates(0)
-    graph = Graph(list(trace.inputs), list(trace.nodes), outs + list(updates.values()))
-    graph.meta.update(out_tree=out_tree, num_results=len(outs), variables=list(trace.variables),
-                      updated=list(updates), input_names=list(trace.input_names))
-    return graph, trace

@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import numpy as rnp
-from .primitives import parse_einsum
+from .collectives import bind_collective
+from .core import bind
+from .primitives import RuleTable, parse_einsum
 
 
 def unbroadcast(g, shape):
@@ -88,14 +90,10 @@ def _pad(g, out, needs, x, widths, value):
 
 
 def _getitem(g, out, needs, x, *idx, index):
-    from .core import bind
-
     return (bind("scatter_add", g, *idx, index=index, shape=x.shape),) + (None,) * len(idx)
 
 
 def _scatter_add(g, out, needs, upd, *idx, index, shape):
-    from .core import bind
-
     return (bind("getitem", g, *idx, index=index),) + (None,) * len(idx)
 
 
@@ -130,7 +128,46 @@ def _unary(fn):
     return lambda g, out, needs, x: (fn(g, out, x),)
 
 
-VJP = {
+# -- collectives: the gradient of a collective is a collective again (as psum's transpose is psum)
+def _all_reduce(g, out, needs, x, *, num_replicas, replica, seq, op):
+    ids = dict(num_replicas=num_replicas, replica=replica)
+    if op in ("sum", "mean"):
+        return (bind_collective("all_reduce", g, op=op, **ids),)
+    mask = rnp.cast(rnp.equal(x, out), g.dtype)
+    return (bind_collective("all_reduce", g, op="sum", **ids) * mask,)
+
+
+def _all_gather(g, out, needs, x, *, num_replicas, replica, seq, axis, tiled):
+    total = bind_collective("all_reduce", g, op="sum", num_replicas=num_replicas,
+                            replica=replica)
+    if tiled:
+        n = x.shape[axis]
+        index = (slice(None),) * axis + (slice(replica * n, (replica + 1) * n),)
+    else:
+        index = (slice(None),) * axis + (replica,)
+    return (total[index],)
+
+
+def _broadcast(g, out, needs, x, *, num_replicas, replica, seq, root):
+    total = bind_collective("all_reduce", g, op="sum", num_replicas=num_replicas,
+                            replica=replica)
+    return (total if replica == root else rnp.zeros_like(total),)
+
+
+def _reduce_scatter(g, out, needs, x, *, num_replicas, replica, seq, op, axis):
+    if op not in ("sum", "mean"):
+        raise NotImplementedError(f"gradient of reduce_scatter({op!r})")
+    full = bind_collective("all_gather", g, axis=axis, tiled=True, num_replicas=num_replicas,
+                           replica=replica)
+    return (full / num_replicas if op == "mean" else full,)
+
+
+def _permute(g, out, needs, x, *, num_replicas, replica, seq, shift):
+    return (bind_collective("permute", g, shift=-shift, num_replicas=num_replicas,
+                            replica=replica),)
+
+
+VJP = RuleTable("vjp", {
     "neg": _unary(lambda g, out, x: -g),
     "abs": _unary(lambda g, out, x: g * rnp.sign(x)),
     "exp": _unary(lambda g, out, x: g * out),
@@ -167,4 +204,9 @@ VJP = {
     "scatter_add": _scatter_add,
     "matmul": _matmul,
     "einsum": _einsum,
-}
+    "all_reduce": _all_reduce,
+    "all_gather": _all_gather,
+    "broadcast": _broadcast,
+    "reduce_scatter": _reduce_scatter,
+    "permute": _permute,
+})

@@ -210,6 +210,5 @@ def restore(path: str, state, comm=None) -> dict:
         error.consistent = True  # every rank has the same file and the same state
         raise error
     for name, var in variables.items():
-        var.value = np.array(arrays[name])
-        var._eager = None
+        var.load(np.array(arrays[name]))
     return dict(info, path=used)

@@ -13,6 +13,9 @@ import numpy as np
 
 from .. import tree
 from ..errors import NonFiniteError, source_line
+from ..graph.interpret import eval_graph
+from ..graph.primitives import REGISTRY
+from ..graph.reference import IMPL
 from .checks import leaf_paths
 
 
@@ -40,30 +43,29 @@ def first_non_finite_node(graph, inputs):
 
     The whole graph runs even after a find: its cross-process collectives must run on every
     rank alike (every rank re-runs its step together)."""
-    from ..backends.numpy_impl import IMPL
-
-    env, found = {}, None
+    found = None
     names = graph.meta.get("input_names") or [f"input {i}" for i in range(len(graph.inputs))]
     for x, value, name in zip(graph.inputs, inputs, names):
-        env[x.id] = value
         problem = _bad(value)
         if problem and found is None:
             found = f"graph input {name!r} ({x.aval}) already holds {problem}"
-    for node in graph.nodes:
+
+    def run(node, args):
         with np.errstate(all="ignore"):  # the values are checked below
-            value = np.asarray(IMPL[node.prim](*[env[i.id] for i in node.inputs], **node.attrs))
-        if value.dtype != node.out.aval.dtype:
-            value = value.astype(node.out.aval.dtype)
-        env[node.out.id] = value
-        if found is not None:
-            continue
-        problem = _bad(value)
+            value = np.asarray(IMPL[node.prim](*args, **node.attrs))
+        return value if value.dtype == node.out.aval.dtype else value.astype(node.out.aval.dtype)
+
+    def look(node, value):
+        nonlocal found
+        problem = None if found is not None else _bad(value)
         if problem:
             where = source_line(node.where) if node.where else "?"
             operands = ", ".join(str(i.aval) for i in node.inputs)
             found = f"{node.prim}({operands}) -> {node.out.aval} at {where}: {problem}"
-            found += (", received from another rank" if node.prim.startswith("mpi_") else
+            found += (", received from another rank" if REGISTRY[node.prim].exchange else
                       ", from finite operands")
+
+    eval_graph(graph, inputs, run, look)
     return found
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 import traceback
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from .. import state, tree
 from ..backends import get_backend
-from ..compiler import compile_graph
+from ..compiler import compile_step
 from ..context import ReplicaContext, replica_scope
 from ..errors import (
     CollectiveMismatchError,
@@ -22,13 +23,17 @@ from ..errors import (
     user_traceback,
 )
 from ..function import as_options, check_mode, to_numpy
-from ..graph.core import AVal
+from ..graph.aval import AVal
 from ..graph.trace import signature
+from ..numpy import as_array
+from ..step import batch_leaves, gather_outputs
 from . import nan_check, watchdog
 from .agree import OUTPUTS, STEP, SYNC, agree, digest
+from .callbacks import MetricsLog, Progress
+from .checkpoint import restore as restore_checkpoint
 from .checks import BatchChecker, checked_step_fn, leaf_paths, warn_many_signatures
 from .comm import world
-from .replicated_graph import check_schedules, compile_replicated, fingerprint
+from .schedule import Schedules
 
 OUTPUT_REDUCTIONS = ("mean", "sum", "per_replica")
 
@@ -110,9 +115,8 @@ class Replicator:
         self.step = 0
         self._iterators = None
         self._synced: set[int] = set()
-        self._schedules: dict = {}  # cache key -> (schedule, fingerprint (int), compiled at step)
+        self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
         self._step_key = None  # graph mode: this step's cache key
-        self._recheck = False  # graph mode: compare schedules this step (see _next_batches)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
@@ -123,8 +127,6 @@ class Replicator:
         every rank (see ``rp.callbacks``: ``Every``, ``Checkpoint``). ``progress``: a tqdm bar on
         rank 0. ``metrics``: a JSONL file that rank 0 appends each step's scalar outputs to.
         """
-        from .callbacks import MetricsLog, Progress
-
         if steps is not None and steps < 0:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
@@ -173,11 +175,7 @@ class Replicator:
         ``path`` may be a ``{step}`` pattern (as given to ``rp.callbacks.Checkpoint``): the
         newest intact checkpoint is used, and each newer corrupt one is skipped with a
         warning."""
-        from dataclasses import replace
-
-        from .checkpoint import restore
-
-        info = restore(path, state, comm=self.comm)
+        info = restore_checkpoint(path, state, comm=self.comm)
         self.step = int(info["step"])
         self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
         self._iterators = None
@@ -213,7 +211,7 @@ class Replicator:
         fp = 0
         if self.mode == "graph" and have == self.k:
             self._step_key = tuple(signature(b) for b in batches)
-            fp = self._schedules.get(self._step_key, (None, 0, 0))[1]
+            fp = self._schedules.fingerprint(self._step_key)
         if self.num_ranks == 1:
             counts = [have]
         else:
@@ -221,8 +219,7 @@ class Replicator:
             counts = [row[2] for row in rows]
         if min(counts) == self.k:
             if self.num_ranks > 1:
-                prints = {row[3] for row in rows}
-                self._recheck = 0 in prints or len(prints) > 1
+                self._schedules.after_step_start({row[3] for row in rows})
             return batches
         if max(counts) > 0:
             warnings.warn(f"input ran out on some replicas at step {self.step} (replicas with "
@@ -243,8 +240,6 @@ class Replicator:
 
     # -- eager ----------------------------------------------------------------------------------
     def _eager_step(self, batch):
-        from ..numpy import as_array
-
         previous = state.eager_read_hook
         state.eager_read_hook = self._sync_variable
         try:
@@ -264,50 +259,36 @@ class Replicator:
                 agree(self.comm, SYNC, digest(what), describe=lambda: (
                     f"the first read of variable {what} (broadcast from rank 0) at "
                     f"{source_line(user_frame())}"))
-            var.value = self.comm.bcast(var.value, 0)
-            var._eager = None
+            var.load(self.comm.bcast(var.value, 0))
 
     # -- graph ----------------------------------------------------------------------------------
     def _graph_step(self, batches):
         key = self._step_key
-        entry = self.cache.get(key)
-        if entry is None:
-            entry = self.cache[key] = self._compile(batches, key)
+        step = self.cache.get(key)
+        if step is None:
+            step = self.cache[key] = self._compile(batches, key)
             warn_many_signatures(len(self.cache), self.step + 1)
-        elif self._recheck:  # another rank compiles now, or runs another compiled step
-            schedule, _, compiled_at = self._schedules[key]
-            check_schedules(self.comm, schedule, None,
-                            self._describe_batches(batches, compiled_at))
-        graph, run = entry
-        meta = graph.meta
-        for var in meta["variables"]:
+        else:  # another rank compiles now, or runs another compiled step: compare schedules
+            self._schedules.reused(key, lambda at: self._describe_batches(batches, at))
+        for var in step.graph.meta.variables:
             self._sync_variable(var)
-        feed = [np.asarray(x) for b in batches for x in tree.flatten(b)[0]]
-        inputs = feed + [v.value for v in meta["variables"]]
-        if self.check_finite:  # kept to find the first non-finite node (nan_check)
-            self._last_step = (graph, inputs)
-        outs = run(inputs)
-        n = meta["num_results"]
-        for var, value in zip(meta["updated"], outs[n * self.k:]):
-            var.value = value
-            var._eager = None
-        self._out_tree = meta["out_tree"]
-        return [outs[r * n:(r + 1) * n] for r in range(self.k)]
+        results = step(batch_leaves(batches), keep_inputs=self.check_finite)
+        if self.check_finite:  # the NaN finder re-runs this step's graph on these inputs
+            self._last_step = (step.graph, step.last_inputs)
+        self._out_tree = step.graph.meta.out_tree
+        return results
 
     def _compile(self, batches, key):
         self.trace_count += 1
-        graph, error = None, None
+        step, error = None, None
         try:
-            graph = compile_replicated(self.step_fn, batches, self.contexts, self.num_ranks,
-                                       self.rank)
+            step = compile_step(self.step_fn, batches, self.contexts, backend=self.backend,
+                                options=self.options, num_ranks=self.num_ranks, rank=self.rank)
         except ReplicateError as e:
             error = e
-        schedule = graph.meta["collective_schedule"] if graph else []
-        check_schedules(self.comm, schedule, error,
-                        self._describe_batches(batches, self.step + 1))
-        fp = int(fingerprint(schedule)[:15], 16) or 1
-        self._schedules[key] = (schedule, fp, self.step + 1)
-        return graph, compile_graph(graph, self.backend, self.options)
+        self._schedules.compiled(key, step.schedule if step else [], error,
+                                 self._describe_batches(batches, self.step + 1), self.step + 1)
+        return step
 
     def _describe_batches(self, batches, compiled_at):
         """(this rank's batch signature, when its step was compiled, where input_fn is): named
@@ -327,15 +308,17 @@ class Replicator:
 
     def compiled_graph(self):
         """The most recently compiled step graph (for inspection and printing)."""
-        if not self.cache:
-            raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
-        return list(self.cache.values())[-1][0]
+        return self._last_compiled().graph
 
     def executable(self):
         """The most recently compiled step as the backend runs it (``.graph`` after the
         optimisation passes, ``.kernels``)."""
-        self.compiled_graph()
-        return list(self.cache.values())[-1][1]
+        return self._last_compiled().executable
+
+    def _last_compiled(self):
+        if not self.cache:
+            raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
+        return list(self.cache.values())[-1]
 
     # -- outputs --------------------------------------------------------------------------------
     def _reduce_outputs(self, results):
@@ -350,9 +333,7 @@ class Replicator:
                 f"the end of step {self.step + 1}: gathering the outputs ({what}) of step_fn "
                 f"{function_location(self.step_fn)}"))
         reduced = []
-        for j in range(len(results[0])):
-            local = np.stack([np.asarray(r[j]) for r in results])  # (k, ...)
-            everyone = self.comm.allgather(local).reshape((self.num_replicas,) + local.shape[1:])
+        for everyone in gather_outputs(self.comm, results):  # (R, ...) per leaf, one exchange
             if self.outputs == "per_replica":
                 reduced.append(everyone)
             elif self.outputs == "sum":

@@ -181,4 +181,4 @@ def sink_waits(graph: Graph) -> Graph:
             later.append(node)
         else:
             first.append(node)
-    return Graph(graph.inputs, first + later, graph.outputs, dict(graph.meta))
+    return Graph(graph.inputs, first + later, graph.outputs, graph.meta.copy())

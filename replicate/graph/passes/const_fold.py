@@ -1,7 +1,7 @@
 """Constant folding: a node whose inputs are all constants is computed at compile time.
 
-Only deterministic, side-effect-free primitives are folded, and only when the result is small
-(``MAX_FOLDED`` elements): folding ``broadcast_to(0.0, (4096, 4096))`` would trade one cheap
+Only ``foldable`` primitives (deterministic, no effect, not on the host) are folded, and only when
+the result is small (``MAX_FOLDED`` elements): folding ``broadcast_to(0.0, (4096, 4096))`` would trade one cheap
 kernel for a 64 MB constant.
 """
 
@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Graph
-from ..primitives import COLLECTIVE, RANDOM, REGISTRY, SOURCE
+from ..core import Graph, Node
+from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
+from ..reference import reference_apply
 
 MAX_FOLDED = 4096
-_NEVER = (RANDOM, SOURCE, COLLECTIVE)
 
 
 def const_fold(graph: Graph) -> Graph:
-    from ...backends.numpy_impl import IMPL
-
     rb = Rebuilder(graph)
     known: dict[int, np.ndarray] = {}  # new value id -> constant value
     for node in graph.nodes:
         inputs = [rb.get(i) for i in node.inputs]
         foldable = (node.prim == "const" or
-                    (REGISTRY[node.prim].kind not in _NEVER and inputs and
+                    (REGISTRY[node.prim].foldable and inputs and
                      all(i.id in known for i in inputs) and node.out.size <= MAX_FOLDED))
         if not foldable:
             rb.copy(node, inputs)
@@ -33,8 +31,8 @@ def const_fold(graph: Graph) -> Graph:
         if node.prim == "const":
             value = node.attrs["value"]
         else:
-            value = np.asarray(IMPL[node.prim](*[known[i.id] for i in inputs], **node.attrs))
-            value = value.astype(node.out.dtype, copy=False).reshape(node.out.shape)
+            value = reference_apply(node, [known[i.id] for i in inputs])
+            value = value.reshape(node.out.shape)
             node = _const_node(node, value)
         out = rb.copy(node, ())
         known[out.id] = value
@@ -42,8 +40,6 @@ def const_fold(graph: Graph) -> Graph:
 
 
 def _const_node(node, value):
-    from ..core import Node
-
     new = Node("const", (), {"value": value}, node.where)
     new.out = node.out  # rb.copy only reads .out.aval and .out.id from it
     return new

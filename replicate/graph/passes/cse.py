@@ -4,7 +4,7 @@ Two nodes with the same primitive, the same (already merged) inputs and equal at
 the same value; the later one is dropped. Small constants are compared by value, so the k copies of
 an optimiser update that the replicas trace after an all-reduce collapse into one.
 
-Communication (the side-effecting primitives of ``dce.SIDE_EFFECTS``: cross-process collectives)
+Communication (the primitives flagged ``effect``: collectives and cross-process exchanges)
 is never merged: two equal all-reduces are two exchanges with the other processes, which must see
 the same calls on every rank (and the ranks compare the schedule as written, before this pass).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import Graph
+from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
-from .dce import SIDE_EFFECTS
 
 _SMALL_CONST = 64  # elements; larger constants are compared by identity
 
@@ -43,7 +43,7 @@ def cse(graph: Graph) -> Graph:
     seen = {}
     for node in graph.nodes:
         inputs = tuple(rb.get(i) for i in node.inputs)
-        if node.prim in SIDE_EFFECTS:
+        if REGISTRY[node.prim].effect:
             rb.copy(node, inputs)
             continue
         key = node_key(node, inputs)

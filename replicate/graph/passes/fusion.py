@@ -2,8 +2,8 @@
 
 Rules (a group has one output):
 
-* members are elementwise ops (``ELEMENTWISE`` kind, and ``broadcast_to``) and at most one
-  reduction (sum/max/min/prod over axes);
+* members are the ops flagged ``fuse="map"`` (elementwise ops, and ``broadcast_to``) and at most
+  one flagged ``fuse="reduce"`` (sum/max/min/prod over axes);
 * a producer joins its consumer's group when every user of its value is in the group and the
   value is not a graph output (so nothing outside needs it materialised);
 * with a reduction, the members upstream of it are its *prologue* (computed at the reduction's
@@ -12,33 +12,33 @@ Rules (a group has one output):
 * matmul/einsum, other structural ops (reshape, transpose, indexing, concatenation, padding),
   random ops and communication are boundaries.
 
-Groups of one op stay plain nodes (they already are one kernel).
+Groups of one op stay plain nodes (they already are one kernel). A backend that cannot run
+every such group as one kernel says so with ``accept(members) -> bool`` (the CuPy backend's
+generated reductions take only constants in their epilogue): a group it rejects is not formed,
+so a fused node is always one kernel, never an op-by-op fallback.
 """
 
 from __future__ import annotations
 
 from ..core import Array, Graph, Node
-from ..fused import FUSED, FUSIBLE_REDUCTIONS, FUSIBLE_STRUCTURAL, FusedBody
-from ..primitives import ELEMENTWISE, REGISTRY
+from ..fused import FUSED, FusedBody
+from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
 from ..trace import Trace
 
 
 def _fusible(node) -> str | None:
     """'map' for an elementwise member, 'reduce' for a reduction, None for a boundary."""
-    if node.prim in FUSIBLE_REDUCTIONS:
-        return "reduce"
-    if REGISTRY[node.prim].kind == ELEMENTWISE or node.prim in FUSIBLE_STRUCTURAL:
-        return "map"
-    return None
+    return REGISTRY[node.prim].fuse
 
 
 def _scalar(x: Array) -> bool:
     return x.size <= 1
 
 
-def find_groups(graph: Graph) -> list[list[int]]:
-    """Indices (into graph.nodes, in order) of each fused group of two or more nodes."""
+def find_groups(graph: Graph, accept=None) -> list[list[int]]:
+    """Indices (into graph.nodes, in order) of each fused group of two or more nodes that
+    ``accept`` (if given) takes."""
     nodes = graph.nodes
     producer = {n.out.id: i for i, n in enumerate(nodes)}
     users: dict[int, list[int]] = {}
@@ -79,8 +79,11 @@ def find_groups(graph: Graph) -> list[list[int]]:
                 else:
                     continue
                 work.append(p)
+        group = sorted(side)
+        if len(group) > 1 and accept is not None and not accept([nodes[i] for i in group]):
+            continue  # the backend cannot run it as one kernel: its ops stay plain nodes
         assigned.update(side)
-        groups.append(sorted(side))
+        groups.append(group)
     return [g for g in groups if len(g) > 1]
 
 
@@ -90,8 +93,8 @@ def _epilogue_ok(nodes, members, reduced: Array) -> bool:
     return all(_scalar(x) for m in members for x in nodes[m].inputs if x.id not in inside)
 
 
-def fuse(graph: Graph) -> Graph:
-    groups = find_groups(graph)
+def fuse(graph: Graph, accept=None) -> Graph:
+    groups = find_groups(graph, accept)
     if not groups:
         return graph
     nodes = graph.nodes
@@ -129,7 +132,7 @@ def _body(members: list[Node]) -> tuple[FusedBody, list[Array]]:
         copy.out = Array(m.out.aval, node=copy, trace=body_trace)
         subst[m.out.id] = copy.out
         body_nodes.append(copy)
-        if m.prim in FUSIBLE_REDUCTIONS:
+        if REGISTRY[m.prim].fuse == "reduce":
             reduction = copy
     out = subst[members[-1].out.id]
     return FusedBody(Graph(list(body_trace.inputs), body_nodes, [out]), reduction), externals

@@ -8,7 +8,8 @@ After ``step_fn`` has been traced once per local replica (k subgraphs in one gra
    communicated,
 3. replaces each group by an in-process combine of the k local values (``local_reduce`` or a
    stack), one cross-process collective (``mpi_*``, omitted with one process), and the fan-out of
-   the result to the k replicas (the same value for all, or each replica's slice).
+   the result to the k replicas (the same value for all, or each replica's slice) — one row of
+   ``LOWER`` per collective.
 
 Replica r on rank p has global id ``p * k + r``.
 """
@@ -18,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from ... import numpy as rnp
-from ...errors import CollectiveMismatchError, source_line
+from ...errors import CollectiveMismatchError, ShapeError, source_line
 from ..core import Graph, bind
+from ..primitives import REGISTRY, RuleTable
 from ..rebuild import Rebuilder
 
 _IGNORED = ("seq", "replica")
@@ -27,13 +29,13 @@ _IGNORED = ("seq", "replica")
 
 def _signature(node):
     attrs = {k: v for k, v in node.attrs.items() if k not in _IGNORED}
-    return (tuple(sorted(attrs.items())), node.inputs[0].aval)
+    return (node.prim, tuple(sorted(attrs.items())), node.inputs[0].aval)
 
 
 def _describe(node):
     attrs = {k: v for k, v in node.attrs.items() if k not in _IGNORED + ("num_replicas",)}
-    args = ", ".join(f"{k}={v!r}" for k, v in sorted(attrs.items()) if k != "kind")
-    return f"{node.attrs['kind']}({node.inputs[0].aval}{', ' if args else ''}{args})"
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(attrs.items()))
+    return f"{node.prim}({node.inputs[0].aval}{', ' if args else ''}{args})"
 
 
 def _where(node):
@@ -44,7 +46,7 @@ def group_placeholders(graph: Graph, k: int) -> dict:
     """{seq: [node of replica 0, ..., node of replica k-1]}, checked for agreement."""
     groups: dict = {}
     for node in graph.nodes:
-        if node.prim == "collective":
+        if REGISTRY[node.prim].placeholder:
             groups.setdefault(node.attrs["seq"], {})[node.attrs["replica"] % k] = node
     out = {}
     for seq in sorted(groups):
@@ -69,52 +71,83 @@ def group_placeholders(graph: Graph, k: int) -> dict:
     return out
 
 
+# -- the rewrite of each placeholder: a row per collective -----------------------------------------
+# A row is ``lower(g, inputs, **attrs) -> the k per-replica results``; ``g`` says where this
+# process stands (k replicas here, n processes, this one's rank, R replicas in all, ``first``:
+# the global id of local replica 0).
+class _Where:
+    __slots__ = ("k", "n", "rank", "R", "first")
+
+    def __init__(self, k, n, rank, R):
+        self.k, self.n, self.rank, self.R, self.first = k, n, rank, R, rank * k
+
+
+def _reduced(g, inputs, op):
+    base = "sum" if op == "mean" else op
+    combined = inputs[0] if g.k == 1 else bind("local_reduce", *inputs, op=base)
+    if g.n > 1:
+        combined = bind("mpi_allreduce", combined, op=base, size=g.n)
+    if op == "mean":
+        combined = combined * np.asarray(1.0 / g.R, combined.dtype)
+    return combined
+
+
+def _everyone(g, inputs):  # (R, ...) in global replica order
+    stacked = rnp.stack(inputs, 0)
+    if g.n > 1:
+        stacked = rnp.reshape(bind("mpi_allgather", stacked, size=g.n), (g.R,) + inputs[0].shape)
+    return stacked
+
+
+def _all_reduce(g, inputs, *, op, **_):
+    return [_reduced(g, inputs, op)] * g.k
+
+
+def _broadcast(g, inputs, *, root, **_):
+    root_rank, root_local = divmod(root, g.k)
+    value = inputs[root_local]
+    if g.n > 1:
+        value = bind("mpi_broadcast", value, root=root_rank, size=g.n)
+    return [value] * g.k
+
+
+def _all_gather(g, inputs, *, axis, tiled, **_):
+    out = rnp.moveaxis(_everyone(g, inputs), 0, axis)
+    if tiled:
+        shape = list(inputs[0].shape)
+        shape[axis] *= g.R
+        out = rnp.reshape(out, shape)
+    return [out] * g.k
+
+
+def _reduce_scatter(g, inputs, *, op, axis, **_):
+    total = _reduced(g, inputs, op)
+    chunk = inputs[0].shape[axis] // g.R
+    pre = (slice(None),) * axis
+    return [total[pre + (slice((g.first + r) * chunk, (g.first + r + 1) * chunk),)]
+            for r in range(g.k)]
+
+
+def _permute(g, inputs, *, shift, **_):
+    everyone = _everyone(g, inputs)
+    return [everyone[(g.first + r - shift) % g.R] for r in range(g.k)]
+
+
+LOWER = RuleTable("collective rewrite", {
+    "all_reduce": _all_reduce, "broadcast": _broadcast, "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter, "permute": _permute,
+})
+
+
 def _lower_group(nodes, inputs, k, n, rank):
     """Emit the communication for one placeholder group; return the k per-replica results."""
-    attrs = nodes[0].attrs
-    kind, R = attrs["kind"], attrs["num_replicas"]
-    first = rank * k  # global id of local replica 0
-
-    def all_reduce(op):
-        base = "sum" if op == "mean" else op
-        combined = inputs[0] if k == 1 else bind("local_reduce", *inputs, op=base)
-        if n > 1:
-            combined = bind("mpi_allreduce", combined, op=base, size=n)
-        if op == "mean":
-            combined = combined * np.asarray(1.0 / R, combined.dtype)
-        return combined
-
-    def gather_all():  # (R, ...) in global replica order
-        stacked = rnp.stack(inputs, 0)
-        if n > 1:
-            stacked = rnp.reshape(bind("mpi_allgather", stacked, size=n), (R,) + inputs[0].shape)
-        return stacked
-
-    if kind == "all_reduce":
-        return [all_reduce(attrs["op"])] * k
-    if kind == "broadcast":
-        root_rank, root_local = divmod(attrs["root"], k)
-        value = inputs[root_local]
-        if n > 1:
-            value = bind("mpi_broadcast", value, root=root_rank, size=n)
-        return [value] * k
-    if kind == "all_gather":
-        axis, out = attrs["axis"], rnp.moveaxis(gather_all(), 0, attrs["axis"])
-        if attrs["tiled"]:
-            shape = list(inputs[0].shape)
-            shape[axis] *= R
-            out = rnp.reshape(out, shape)
-        return [out] * k
-    if kind == "reduce_scatter":
-        total, axis = all_reduce(attrs["op"]), attrs["axis"]
-        chunk = inputs[0].shape[axis] // R
-        pre = (slice(None),) * axis
-        return [total[pre + (slice((first + r) * chunk, (first + r + 1) * chunk),)]
-                for r in range(k)]
-    if kind == "permute":
-        everyone = gather_all()
-        return [everyone[(first + r - attrs["shift"]) % R] for r in range(k)]
-    raise AssertionError(kind)
+    node = nodes[0]
+    attrs = {a: v for a, v in node.attrs.items() if a not in ("seq", "replica", "num_replicas")}
+    R = node.attrs["num_replicas"]
+    if k == 1 and R != n:  # a step outside a Replicator under mpiexec: as eager mode says
+        raise ShapeError(f"collectives need one replica per process: {R} replicas on {n} "
+                         f"processes ({_describe(node)} at {_where(node)})")
+    return LOWER[node.prim](_Where(k, n, rank, R), inputs, **attrs)
 
 
 def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Graph:
@@ -125,7 +158,7 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Gr
     rb = Rebuilder(graph)
     with rb:
         for node in order:
-            if node.prim != "collective":
+            if not REGISTRY[node.prim].placeholder:
                 rb.copy(node)
                 continue
             seq = node.attrs["seq"]

@@ -1,4 +1,5 @@
-"""Memory planning: which values can live in buffers allocated once and reused every call.
+"""The NumPy backend's memory planning: which values can live in buffers allocated once and reused
+every call.
 
 A value gets a *planned* buffer when the backend writes it with ``out=`` (fused groups, ufunc
 elementwise ops, reductions, matmul, concatenate). Views (reshape, transpose, broadcast_to,
@@ -9,19 +10,17 @@ caller are fresh arrays every call. A linear scan in execution order gives a fre
 same shape and dtype to the next value that needs one; an elementwise op may write in place into an
 input that dies at that op.
 
-The plan lands in ``graph.meta["memory_plan"]``; the graph itself is unchanged.
+The plan lands in ``graph.meta.memory_plan``; the graph itself is unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core import Graph
-from ..primitives import COLLECTIVE, ELEMENTWISE, REGISTRY
+from ..graph.core import Graph
+from ..graph.primitives import REGISTRY
 
-ALIASING = ("reshape", "transpose", "broadcast_to", "getitem", "stop_gradient")
-OUT_CAPABLE = ("fused", "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "matmul",
-               "concatenate")
+NOTHING = frozenset()  # a backend that writes nothing with out=: no buffers are planned
 
 
 @dataclass
@@ -44,16 +43,15 @@ def _nbytes(shape, dtype):
 
 
 def aliases_input(node) -> bool:
-    return node.prim in ALIASING or REGISTRY[node.prim].kind == COLLECTIVE
+    """Its result may share memory with its first input: a view, or what a host node hands back
+    (communication results are not ours to reuse)."""
+    spec = REGISTRY[node.prim]
+    return spec.view or spec.host
 
 
-def writes_out(node, out_ufuncs) -> bool:
-    return node.prim in OUT_CAPABLE or node.prim in out_ufuncs
-
-
-def plan_memory(graph: Graph, out_ufuncs) -> MemoryPlan:
-    """Plan buffers for ``graph``'s values; ``out_ufuncs``: the elementwise primitives the
-    backend can run with ``out=``."""
+def plan_memory(graph: Graph, writes_out) -> MemoryPlan:
+    """Plan buffers for ``graph``'s values; ``writes_out``: the primitives the backend can run
+    with ``out=`` (a set of names)."""
     nodes = graph.nodes
     root: dict[int, int] = {}
     for node in nodes:
@@ -74,11 +72,11 @@ def plan_memory(graph: Graph, out_ufuncs) -> MemoryPlan:
         v = node.out.id
         key = (node.out.shape, node.out.dtype)
         planned = (root[v] == v and v not in escaping and v in last_use
-                   and writes_out(node, out_ufuncs) and node.out.size > 0)
+                   and node.prim in writes_out and node.out.size > 0)
         dying = [r for r in dying_at.get(i, ()) if r in plan.slot]
         if planned:
             buffer = None
-            if REGISTRY[node.prim].kind == ELEMENTWISE:  # in place over an input dying here
+            if REGISTRY[node.prim].elementwise:  # in place over an input dying here
                 for r in dying:
                     b = plan.slot[r]
                     if plan.buffers[b] == key and any(x.id == r for x in node.inputs):
@@ -97,9 +95,7 @@ def plan_memory(graph: Graph, out_ufuncs) -> MemoryPlan:
     return plan
 
 
-def memory(graph: Graph, out_ufuncs=None) -> Graph:
-    if out_ufuncs is None:
-        from ...backends.numpy_backend import OUT_UFUNCS as out_ufuncs
-    meta = dict(graph.meta)
-    meta["memory_plan"] = plan_memory(graph, out_ufuncs)
-    return Graph(graph.inputs, graph.nodes, graph.outputs, meta)
+def memory(graph: Graph, writes_out) -> Graph:
+    """The ``memory`` pass: the same graph, with its plan in ``graph.meta.memory_plan``."""
+    return Graph(graph.inputs, graph.nodes, graph.outputs,
+                 graph.meta.copy(memory_plan=plan_memory(graph, writes_out)))

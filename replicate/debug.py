@@ -1,0 +1,13 @@
+"""Debug output switched on by ``REPLICATE_DEBUG`` (comma-separated flags).
+
+``ir``: the step's graph after tracing and after the step pipeline; ``passes``: the graph after
+every pass; ``cuda``: the generated CUDA source of each kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def debug_enabled(flag: str) -> bool:
+    return flag in os.environ.get("REPLICATE_DEBUG", "").split(",")

@@ -1,0 +1,195 @@
+"""The reference implementation of every primitive, written once for any NumPy-like array module.
+
+``ROWS`` maps a primitive to ``row(xp) -> rule``: given an array module (``numpy``,
+``jax.numpy``) it returns the function computing the primitive with that module. ``IMPL`` is the
+NumPy table built from the rows: the reference semantics of the IR, used by eager mode, by the
+NumPy backend and wherever a graph is interpreted value by value. The JAX backend builds its
+table from the same rows (``jax_impl.py``) and overrides only where JAX must be told to match
+NumPy (full-precision matmuls, a stable sigmoid, a functional scatter).
+
+Communication primitives have no row here: their implementations need the communicator and are
+registered into ``IMPL`` by ``replicate/runtime/host_rows.py``.
+
+>>> import numpy as np
+>>> IMPL["div"](np.array([7, -7]), np.array([2, 2])).tolist()
+[3, -4]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .primitives import RuleTable, index_tuple, parse_einsum
+
+
+def _same(fn):
+    """A row for an op every array module spells the same way: ``xp.<fn>``."""
+    return lambda xp: getattr(xp, fn)
+
+
+def _div(xp):
+    def div(a, b):
+        if xp.issubdtype(xp.result_type(a), xp.floating):
+            return xp.true_divide(a, b)
+        return xp.floor_divide(a, b)
+    return div
+
+
+def _logistic_np(x, out=None):
+    """1 / (1 + exp(-x)), stable for large |x| and exact in both tails: with e = exp(-|x|), the
+    value is exp(min(x, 0)) / (1 + e), i.e. 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0,
+    computed branch-free with two temporaries (``out``: where to write)."""
+    x = np.asarray(x)
+    if out is None:
+        out = np.empty(x.shape, np.result_type(x.dtype, np.float16))
+    d = np.empty(x.shape, out.dtype)
+    np.absolute(x, out=d)
+    np.negative(d, out=d)
+    np.exp(d, out=d)
+    np.add(d, 1, out=d)
+    np.minimum(x, 0, out=out)
+    np.exp(out, out=out)
+    np.divide(out, d, out=out)
+    return out
+
+
+def _scatter_add_np(g, *idx, index, shape):
+    out = np.zeros(shape, g.dtype)
+    ix = index_tuple(index, idx)
+    if idx:
+        np.add.at(out, ix, g)
+    else:
+        out[ix] = g
+    return out
+
+
+# -- counter-based random numbers: a murmur3-style mix of (key, counter), uint32 throughout ------
+def _fmix(xp, h):
+    u32 = xp.uint32
+    h = h ^ (h >> u32(16))
+    h = h * u32(0x85EBCA6B)
+    h = h ^ (h >> u32(13))
+    h = h * u32(0xC2B2AE35)
+    return h ^ (h >> u32(16))
+
+
+def random_bits(xp, key, size: int, stream: int):
+    """``size`` uint32 hash values of (key, counter) in array module ``xp`` — the same bits in
+    every module, so every backend draws the same random numbers."""
+    u32 = xp.uint32
+    key = xp.asarray(key).astype(u32)
+    k0, k1 = key[0], key[1]
+    c = xp.arange(size, dtype=u32)
+    h = _fmix(xp, c * u32(0x9E3779B9) + k0 + u32((stream * 0x632BE5AB) & 0xFFFFFFFF))
+    h = _fmix(xp, h ^ k1)
+    return _fmix(xp, h + (k0 ^ u32(0x5BD1E995)))
+
+
+def _random_bits(xp):
+    def run(key, shape, dtype, stream=0):
+        with np.errstate(over="ignore"):  # uint32 arithmetic wraps by design
+            bits = random_bits(xp, key, int(np.prod(shape, dtype=np.int64)), stream)
+        return bits.reshape(shape)
+    return run
+
+
+def _random_uniform(xp):
+    bits_of = _random_bits(xp)
+
+    def run(key, shape, dtype):
+        bits = bits_of(key, shape, np.uint32, 2)
+        # 24 random bits scaled by 2**-24 are exact in float32; float64 only for float64
+        work = xp.float64 if np.dtype(dtype) == np.float64 else xp.float32
+        return ((bits >> xp.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
+    return run
+
+
+def _einsum_np(*xs, subscripts):
+    return np.einsum(subscripts, *xs, optimize=_einsum_path(subscripts, *(x.shape for x in xs)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _einsum_path(subscripts, *shapes):
+    """The contraction order (through BLAS where it can: a convolution's einsum is a GEMM, several
+    times faster than einsum's own loops), found once per subscripts and shapes."""
+    dummies = [np.broadcast_to(np.zeros((), np.float32), s) for s in shapes]
+    return np.einsum_path(subscripts, *dummies, optimize="greedy")[0]
+
+
+def _local_reduce(*xs, op):
+    """The in-process combine of the k local replicas' values, in replica order."""
+    out = xs[0]
+    fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    for x in xs[1:]:
+        out = fn(out, x)
+    return out
+
+
+ROWS = {
+    "neg": _same("negative"), "abs": _same("abs"), "sign": _same("sign"), "exp": _same("exp"),
+    "log": _same("log"), "log1p": _same("log1p"), "expm1": _same("expm1"),
+    "sqrt": _same("sqrt"), "rsqrt": lambda xp: lambda x: 1.0 / xp.sqrt(x),
+    "tanh": _same("tanh"), "logistic": lambda xp: _logistic_np, "sin": _same("sin"),
+    "cos": _same("cos"),
+    "add": _same("add"), "sub": _same("subtract"), "mul": _same("multiply"), "div": _div,
+    "pow": _same("power"), "maximum": _same("maximum"), "minimum": _same("minimum"),
+    "eq": _same("equal"), "ne": _same("not_equal"), "lt": _same("less"),
+    "le": _same("less_equal"), "gt": _same("greater"), "ge": _same("greater_equal"),
+    "logical_and": _same("logical_and"), "logical_or": _same("logical_or"),
+    "logical_not": _same("logical_not"),
+    "select": _same("where"),
+    "cast": lambda xp: lambda x, dtype: xp.asarray(x).astype(dtype),
+    "stop_gradient": lambda xp: lambda x: x,
+    "reduce_sum": lambda xp: lambda x, axes: xp.sum(x, axis=axes),
+    "reduce_prod": lambda xp: lambda x, axes: xp.prod(x, axis=axes),
+    "reduce_max": lambda xp: lambda x, axes: xp.max(x, axis=axes),
+    "reduce_min": lambda xp: lambda x, axes: xp.min(x, axis=axes),
+    "argmax": lambda xp: lambda x, axis: xp.argmax(x, axis=axis),
+    "argmin": lambda xp: lambda x, axis: xp.argmin(x, axis=axis),
+    "reshape": lambda xp: lambda x, shape: xp.reshape(x, shape),
+    "transpose": lambda xp: lambda x, perm: xp.transpose(x, perm),
+    "broadcast_to": lambda xp: lambda x, shape: xp.broadcast_to(x, shape),
+    "concatenate": lambda xp: lambda *xs, axis: xp.concatenate(xs, axis=axis),
+    "pad": lambda xp: lambda x, widths, value: xp.pad(x, widths, constant_values=value),
+    "getitem": lambda xp: lambda x, *idx, index: xp.asarray(x)[index_tuple(index, idx)],
+    "scatter_add": lambda xp: _scatter_add_np,
+    "matmul": _same("matmul"),
+    "einsum": lambda xp: _einsum_np,
+    "random_bits": _random_bits,
+    "random_uniform": _random_uniform,
+    "const": lambda xp: lambda value: value,
+    "local_reduce": lambda xp: _local_reduce,
+}
+
+
+def table(xp, name: str, overrides=None) -> RuleTable:
+    """The rule table of array module ``xp``: every row applied to it, then ``overrides``."""
+    rules = {prim: row(xp) for prim, row in ROWS.items()}
+    rules.update(overrides or {})
+    return RuleTable(name, rules)
+
+
+IMPL = table(np, "numpy")
+
+
+def apply(impl, node, args):
+    """Run ``node``'s rule from table ``impl`` on ``args``; the result has the node's dtype."""
+    value = impl[node.prim](*args, **node.attrs)
+    dtype = node.out.aval.dtype
+    if getattr(value, "dtype", dtype) != dtype:
+        value = value.astype(dtype)
+    return value
+
+
+def reference_apply(node, args):
+    """The NumPy reference on one node: always an ndarray of the node's dtype."""
+    value = IMPL[node.prim](*args, **node.attrs)
+    if type(value) is not np.ndarray:
+        value = np.asarray(value)
+    dtype = node.out.aval.dtype
+    return value if value.dtype == dtype else value.astype(dtype)
+
+
+__all__ = ["IMPL", "ROWS", "apply", "parse_einsum", "random_bits", "reference_apply", "table"]

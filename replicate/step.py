@@ -1,0 +1,139 @@
+"""A step, traced and compiled: the one road that ``rp.function`` and ``Replicator`` both take.
+
+``trace_step`` traces a function once per local replica into one graph (k subgraphs: the
+variables are shared inputs, each replica's updates are kept apart, its collectives are
+placeholders). ``replicate.compiler.compile_step`` then rewrites, merges and optimises it and
+lowers it into a ``CompiledStep``, which feeds the variables in, writes their new values back and
+exchanges the step's outputs with the other processes — one exchange per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from . import tree
+from .context import replica_scope
+from .errors import ReplicateError
+from .graph.core import Graph, GraphMeta
+from .graph.trace import Trace, active, trace_inputs
+from .numpy import as_array
+
+
+def output_leaves(trace: Trace, out) -> tuple[list, object]:
+    """Flatten a traced function's result into graph values (numbers become constants)."""
+    leaves, treedef = tree.flatten(out)
+    values = []
+    for leaf in leaves:
+        try:
+            values.append(trace.lift(as_array(leaf)))
+        except ReplicateError:
+            raise ReplicateError(
+                f"a step function must return arrays (or nests of them); got "
+                f"{type(leaf).__name__}") from None
+    return values, treedef
+
+
+def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
+    """Trace ``fn(batch)`` for each replica's batch (``contexts[r]`` active while replica r is
+    traced; ``None``: leave the current context alone). The graph's inputs are every replica's
+    batch leaves, then the variables read; its outputs every replica's results, then each
+    replica's final value of every updated variable (``meta`` says which is which)."""
+    k = len(batches)
+    contexts = contexts if contexts is not None else [None] * k
+    trace = Trace()
+    batch_inputs, results, treedefs = [], [], []
+    with active(trace):
+        for r, (batch, ctx) in enumerate(zip(batches, contexts)):
+            trace.replica = r
+            scope = replica_scope(ctx) if ctx is not None else contextlib.nullcontext()
+            with scope:
+                start = len(trace.inputs)
+                traced = trace_inputs(trace, batch, prefix=prefix or f"r{r}.in")
+                batch_inputs.extend(trace.inputs[start:])
+                leaves, treedef = output_leaves(trace, fn(traced))
+            results.append(leaves)
+            treedefs.append(treedef)
+    if len(set(treedefs)) != 1:
+        raise ReplicateError("replicas returned differently structured outputs from step_fn: "
+                             f"{treedefs}")
+    updated, update_outs = [], []
+    for var in trace.variables:
+        writes = trace.writes(var, k)
+        if all(w is None for w in writes):
+            continue
+        if any(w is None for w in writes):
+            missing = [r for r, w in enumerate(writes) if w is None]
+            raise ReplicateError(f"variable {var.name!r} is updated by some replicas but not by "
+                                 f"local replica(s) {missing}; every replica must run the same "
+                                 "updates")
+        updated.append(var)
+        update_outs.extend(writes)
+    inputs = batch_inputs + [trace.variable_input(v) for v in trace.variables]
+    names = trace.input_names[:len(batch_inputs)] if prefix else \
+        [f"r{i}" for i in range(len(batch_inputs))]
+    meta = GraphMeta(input_names=names + [v.name for v in trace.variables],
+                     variables=list(trace.variables), updated=updated, out_tree=treedefs[0],
+                     num_results=len(results[0]), replicas=k)
+    return Graph(inputs, list(trace.nodes), [x for leaves in results for x in leaves]
+                 + update_outs, meta)
+
+
+def batch_leaves(batches) -> list:
+    """The arrays a compiled step is fed: every replica's batch leaves, as NumPy arrays."""
+    return [np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+            for b in batches for x in tree.flatten(b)[0] if not isinstance(x, (str, bytes))]
+
+
+class CompiledStep:
+    """One compiled signature of a step: ``graph`` (the step after the collective rewrite and the
+    merge of the replicas' updates), ``executable`` (what the backend runs: ``.graph`` after its
+    passes, ``.kernels``) and ``schedule`` (the cross-process exchanges, as written).
+
+    ``step(leaves)`` runs it on the batch leaves of its k replicas: the variables are fed in
+    and their new values written back; returns each replica's result leaves."""
+
+    def __init__(self, graph: Graph, executable, schedule: list):
+        self.graph, self.executable, self.schedule = graph, executable, schedule
+        self.last_inputs = None  # kept when asked (``keep_inputs``): the NaN finder re-runs them
+
+    def __call__(self, leaves: list, keep_inputs: bool = False) -> list:
+        meta = self.graph.meta
+        inputs = leaves + [v.value for v in meta.variables]
+        if keep_inputs:
+            self.last_inputs = inputs
+        outs = self.executable(inputs)
+        n, k = meta.num_results, meta.replicas
+        for var, value in zip(meta.updated, outs[n * k:]):
+            var.load(value)
+        return [outs[r * n:(r + 1) * n] for r in range(k)]
+
+
+def gather_outputs(comm, results: list) -> list:
+    """Every replica's result leaves on every process, in global replica order: one exchange
+    (``allgather`` of the local leaves packed into one byte buffer), not one per leaf.
+
+    ``results``: per local replica, a list of leaves (the same shapes and dtypes on every
+    replica and process: the ranks compared them before). Returns per leaf an array
+    ``(R, ...)``."""
+    local = [[np.asarray(x) for x in leaves] for leaves in results]
+    if comm.size == 1:
+        return [np.stack([r[j] for r in local]) for j in range(len(local[0]))]
+    packed = np.concatenate([np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+                             for leaves in local for x in leaves] or [np.zeros(0, np.uint8)])
+    rows = comm.allgather(packed)  # (processes, bytes)
+    everyone = []  # per global replica: its leaves
+    for row in rows:
+        offset = 0
+        for leaves in local:
+            mine = []
+            for x in leaves:
+                part = row[offset:offset + x.nbytes]
+                mine.append(np.frombuffer(part.tobytes(), x.dtype).reshape(x.shape))
+                offset += x.nbytes
+            everyone.append(mine)
+    return [np.stack([r[j] for r in everyone]) for j in range(len(local[0]))]
+
+
+__all__ = ["CompiledStep", "batch_leaves", "gather_outputs", "output_leaves", "trace_step"]
