@@ -6,6 +6,8 @@ import contextlib
 import threading
 from dataclasses import dataclass
 
+from .numpy.random import fold_in
+
 _local = threading.local()
 
 
@@ -56,6 +58,4 @@ def replica_key_fold(k):
     ctx = current()
     if ctx is None or ctx.num_replicas == 1:
         return k
-    from .numpy.random import fold_in
-
     return fold_in(k, ctx.replica_id)

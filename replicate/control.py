@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import tree
 from .graph.core import Array
+from .numpy import as_array, where
 
 
 def cond(pred, true_fn, false_fn, *operands):
@@ -16,8 +17,6 @@ def cond(pred, true_fn, false_fn, *operands):
     >>> float(rp.cond(rnp.asarray(2.0) > 1, lambda x: x * 10, lambda x: x, rnp.asarray(2.0)))
     20.0
     """
-    from .numpy import as_array, where
-
     pred = as_array(pred)
     if not pred.symbolic:
         return true_fn(*operands) if bool(pred) else false_fn(*operands)

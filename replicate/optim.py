@@ -14,6 +14,7 @@ import numpy as np
 
 from . import numpy as rnp
 from . import tree
+from .collectives import all_reduce
 from .errors import ReplicateError
 from .state import Variable
 
@@ -155,8 +156,6 @@ class CrossReplicaOptimizer:
         self.max_grad_norm = max_grad_norm
 
     def apply(self, grads) -> None:
-        from .collectives import all_reduce
-
         grads = all_reduce(grads, "mean")
         if self.max_grad_norm is not None:
             grads = clip_by_global_norm(grads, self.max_grad_norm)
@@ -188,8 +187,6 @@ def clip_by_global_norm(grads, max_norm: float, cross_replica: bool = False):
     """
     norm = global_norm(grads)
     if cross_replica:
-        from .collectives import all_reduce
-
         norm = rnp.sqrt(all_reduce(norm * norm, "sum"))
     scale = rnp.minimum(1.0, max_norm / (norm + 1e-12))
     return tree.tree_map(lambda g: g * rnp.cast(scale, rnp.as_array(g).dtype), grads)

@@ -19,6 +19,7 @@ import numpy as np
 
 from .errors import ReplicateError
 from .graph.core import Array, concrete, current_trace
+from .numpy import _install_operators, as_array, cast
 
 _counter = itertools.count()
 
@@ -53,8 +54,6 @@ class Variable:
 
     def assign(self, new) -> None:
         """Replace the value (shape must match; the dtype is kept)."""
-        from .numpy import as_array, cast
-
         new = as_array(new)
         if new.shape != self.value.shape:
             raise ReplicateError(
@@ -84,10 +83,4 @@ class Variable:
         return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
 
-def _install():
-    from .numpy import _install_operators
-
-    _install_operators(Variable)
-
-
-_install()
+_install_operators(Variable)  # w + 1, w @ x, ... on a Variable read it

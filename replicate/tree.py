@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .errors import ReplicateError
+
 LEAF = "*"
 
 
@@ -58,7 +60,5 @@ def tree_map(fn: Callable, nest: Any, *rest: Any) -> Any:
     others = [flatten(r) for r in rest]
     for _, other_def in others:
         if other_def != treedef:
-            from .errors import ReplicateError
-
             raise ReplicateError(f"nests differ in structure: {treedef} vs {other_def}")
     return unflatten(treedef, [fn(*xs) for xs in zip(leaves, *[o[0] for o in others])])

@@ -13,7 +13,8 @@ Each fused group becomes one kernel:
 The per-primitive CUDA expressions are a rule table (``CUDA``) built from the primitives'
 declarations (``cuda=`` templates) plus the few whose expression depends on the type, checked
 for completeness with the other tables. ``standalone_source`` wraps a kernel into a complete
-``.cu`` translation unit so the code can be compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
+``.cu`` translation unit so the code can be compiled with ``nvcc`` where a CUDA toolkit exists,
+without a GPU.
 """
 
 from __future__ import annotations

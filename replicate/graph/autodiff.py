@@ -12,8 +12,10 @@ import numpy as np
 
 from .. import tree
 from ..errors import MissingRuleError, ReplicateError
+from ..numpy import add, as_array, cast, ones_like, zeros_like
 from .core import Array
 from .primitives import get, is_float
+from .vjp_rules import VJP
 
 
 def _as_target(x) -> Array:
@@ -49,9 +51,6 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
 
 def backward(y: Array, xs: list, y_grad: Array) -> list:
     """Cotangents of ``xs`` given the cotangent ``y_grad`` of ``y`` (None where unconnected)."""
-    from ..numpy import add
-    from .vjp_rules import VJP
-
     targets = {x.id for x in xs}
     order, relevant = _topo_order(y, targets)
     cts = {y.id: y_grad}
@@ -91,8 +90,6 @@ def grad(y, wrt, y_grad=None):
     >>> float(dy), float(rp.grad(dy, x))
     (27.0, 18.0)
     """
-    from ..numpy import as_array, cast, ones_like, zeros_like
-
     y = as_array(y)
     if not is_float(y.dtype):
         raise ReplicateError(f"grad: the output must be floating point, got {y.dtype}")
@@ -124,8 +121,6 @@ def value_and_grad(fn, wrt=None, has_aux=False):
     >>> float(v), g.tolist()
     (5.0, [2.0, 4.0])
     """
-    from ..numpy import as_array
-
     def wrapped(*args):
         if wrt is None:
             if not args:

@@ -7,13 +7,12 @@ import numpy as np
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, norm_axes
 from ._elementwise import divide, exp, isfinite, log, multiply, sqrt, stop_gradient, subtract, where
+from ._shape import reshape, squeeze
 
 
 def _keep(out, x, axes, keepdims):
     if not keepdims:
         return out
-    from ._shape import reshape
-
     return reshape(out, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
 
 
@@ -93,16 +92,12 @@ def logsumexp(x, axis=None, keepdims=False):
     out = log(sum(exp(subtract(x, m)), axis, keepdims=True)) + m
     if keepdims:
         return out
-    from ._shape import squeeze
-
     return squeeze(out, norm_axes(axis, x.ndim))
 
 
 def _arg(prim, x, axis, keepdims):
     x = as_array(x)
     if axis is None:
-        from ._shape import reshape
-
         out = bind(prim, reshape(x, (-1,)), axis=0)
         return _keep(out, x, tuple(range(x.ndim)), keepdims)
     (ax,) = norm_axes(axis, x.ndim)

@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array, cast, norm_axes, promote, static_axis
+from ._elementwise import equal
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -311,8 +312,6 @@ def one_hot(indices, num_classes, dtype=np.float32):
     >>> rnp.one_hot(rnp.asarray([0, 2]), 3).tolist()
     [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
     """
-    from ._elementwise import equal
-
     indices = as_array(indices)
     hot = equal(expand_dims(indices, -1), concrete(np.arange(num_classes, dtype=indices.dtype)))
     return cast(hot, dtype)

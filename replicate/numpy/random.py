@@ -93,7 +93,7 @@ class Generator:
     """
 
     def __init__(self, seed: int = 0, name: str = "rng"):
-        from ..state import Variable
+        from ..state import Variable  # state sits above the op namespace (it installs its ops)
 
         self.state = Variable(key(seed).numpy(), name=name)
 
@@ -101,7 +101,7 @@ class Generator:
         """A fresh key; advances the generator's state."""
         new_state, sub = split(self.state.read())
         self.state.assign(new_state)
-        from ..context import replica_key_fold
+        from ..context import replica_key_fold  # context sits above: it folds with fold_in
 
         return replica_key_fold(sub)
 

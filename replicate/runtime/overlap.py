@@ -12,6 +12,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from .comm import world
+
 _thread = None
 _lock = threading.Lock()
 
@@ -60,8 +62,6 @@ def comm_thread() -> CommThread:
     global _thread
     with _lock:
         if _thread is None:
-            from .comm import world
-
             _thread = CommThread(world().dup())
         return _thread
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from ..errors import ReplicateError
+from ..errors import ReplicateError, source_line
 
 ENV = "REPLICATE_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
@@ -103,8 +103,6 @@ def _at_step(step, phase) -> str:
 
 def user_line(frame) -> str:
     """The innermost frame of ``frame``'s stack outside this package, as 'file:line: code'."""
-    from ..errors import source_line
-
     inner = None
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)

@@ -1,8 +1,8 @@
 """Constant folding: a node whose inputs are all constants is computed at compile time.
 
 Only ``foldable`` primitives (deterministic, no effect, not on the host) are folded, and only when
-the result is small (``MAX_FOLDED`` elements): folding ``broadcast_to(0.0, (4096, 4096))`` would trade one cheap
-kernel for a 64 MB constant.
+the result is small (``MAX_FOLDED`` elements): folding ``broadcast_to(0.0, (4096, 4096))``
+would trade one cheap kernel for a 64 MB constant.
 """
 
 from __future__ import annotations
