@@ -13,47 +13,7 @@ import numpy as _np
 from ..graph.core import Array
 from . import random
 from ._base import as_array, cast
-from ._elementwise import (
-    abs,
-    add,
-    astype,
-    clip,
-    cos,
-    divide,
-    equal,
-    exp,
-    expm1,
-    floor_divide,
-    greater,
-    greater_equal,
-    isfinite,
-    less,
-    less_equal,
-    log,
-    log1p,
-    logical_and,
-    logical_not,
-    logical_or,
-    maximum,
-    minimum,
-    multiply,
-    negative,
-    not_equal,
-    power,
-    reciprocal,
-    rsqrt,
-    sigmoid,
-    sign,
-    sin,
-    softplus,
-    sqrt,
-    square,
-    stop_gradient,
-    subtract,
-    tanh,
-    true_divide,
-    where,
-)
+from ._elementwise import *  # noqa: F403  (every op wrapper; its __all__ lists them)
 from ._linalg import avg_pool2d, conv2d, dot, einsum, matmul, max_pool2d
 from ._reductions import argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
 from ._shape import (

@@ -139,3 +139,9 @@ def stop_gradient(x):
 
 def astype(x, dtype):
     return cast(x, dtype)
+
+
+# every public function of this module is re-exported by ``replicate.numpy``: a new op's wrapper
+# needs no second edit there
+__all__ = sorted(n for n, v in list(globals().items()) if not n.startswith("_")
+                 and callable(v) and getattr(v, "__module__", None) == __name__)
