@@ -81,7 +81,12 @@ def find_groups(graph: Graph, accept=None) -> list[list[int]]:
                 work.append(p)
         group = sorted(side)
         if len(group) > 1 and accept is not None and not accept([nodes[i] for i in group]):
-            continue  # the backend cannot run it as one kernel: its ops stay plain nodes
+            # the backend cannot run it as one kernel: the epilogue alone may still be one (the
+            # reduction and its prologue are tried again from the reduction)
+            group = sorted(i for i, where in side.items() if where == "post")
+            if reduction is None or len(group) < 2 or not accept([nodes[i] for i in group]):
+                continue
+            side = dict.fromkeys(group)
         assigned.update(side)
         groups.append(group)
     return [g for g in groups if len(g) > 1]
