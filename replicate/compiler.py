@@ -4,7 +4,7 @@
 replicas per process, n processes) both take:
 
 1. ``trace_step``: ``fn`` traced once per local replica into one graph (``replicate/step.py``);
-2. ``STEP_PASSES``: the collective placeholders rewritten into communication (every
+2. ``step_graph``: the collective placeholders rewritten into communication (every
    collective, for k replicas and n processes), the cross-process schedule taken as written,
    CSE when k > 1 (the k identical updates after an all-reduce become one), the replicas'
    variable updates merged, dead code removed;
@@ -101,13 +101,20 @@ def compile_graph(graph, backend, options: CompileOptions | None = None) -> Exec
 
 
 def step_graph(fn, batches, contexts=None, num_ranks: int = 1, rank: int = 0, prefix=None,
-               gathers_outputs: bool = True):
+               gathers_outputs: bool = True, processes=None):
     """Steps 1–2 of the road: the traced step with its collectives rewritten and its replicas'
     updates merged. ``graph.meta.collective_schedule`` is what this rank will exchange (with
-    ``gathers_outputs``, the exchange of the step's outputs at its end: a ``Replicator``)."""
+    ``gathers_outputs``, the exchange of the step's outputs at its end: a ``Replicator``).
+
+    ``processes``: instead of ``num_ranks``/``rank``, a function giving the communicator (its
+    ``size`` and ``rank``), asked only if the step calls a collective — so a step without one
+    never starts MPI (``rp.function``)."""
     graph = trace_step(fn, batches, contexts, prefix)
     k = len(batches)
     _dump("traced (placeholders)", graph)
+    if processes is not None and any(REGISTRY[n.prim].placeholder for n in graph.nodes):
+        comm = processes()
+        num_ranks, rank = comm.size, comm.rank
     graph = _checked("replicate_collectives",
                      passes.replicate_collectives(graph, k, num_ranks, rank))
     _dump("after collective rewrite", graph)
@@ -123,10 +130,12 @@ def step_graph(fn, batches, contexts=None, num_ranks: int = 1, rank: int = 0, pr
 
 
 def compile_step(fn, batches, contexts=None, *, backend, options=None, num_ranks: int = 1,
-                 rank: int = 0, prefix=None, gathers_outputs: bool = True) -> CompiledStep:
+                 rank: int = 0, prefix=None, gathers_outputs: bool = True,
+                 processes=None) -> CompiledStep:
     """The whole road: ``fn`` traced for each replica's batch, rewritten, merged, optimised for
     ``backend`` and lowered (see the module docstring)."""
-    graph = step_graph(fn, batches, contexts, num_ranks, rank, prefix, gathers_outputs)
+    graph = step_graph(fn, batches, contexts, num_ranks, rank, prefix, gathers_outputs,
+                       processes)
     return CompiledStep(graph, compile_graph(graph, backend, options),
                         graph.meta.collective_schedule)
 

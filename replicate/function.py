@@ -76,15 +76,14 @@ class Function:
         return step
 
     def _compile(self, args):
-        # a step outside a Replicator is one replica per process: its collectives span the
-        # processes (the runtime owns the communicator; it sits above this module)
+        # a step outside a Replicator is one replica per process: its collectives (if any: only
+        # then is the communicator asked for) span the processes; the runtime owns it, above
         from .runtime.comm import world
 
         self.trace_count += 1
-        comm = world()
         return compile_step(lambda a: self.fn(*a), [args], backend=self.backend,
-                            options=self.options, num_ranks=comm.size, rank=comm.rank,
-                            prefix="arg", gathers_outputs=False)
+                            options=self.options, processes=world, prefix="arg",
+                            gathers_outputs=False)
 
     def graph(self, *args):
         """The step's graph for these arguments: traced, collectives rewritten, dead code

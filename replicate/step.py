@@ -3,8 +3,8 @@
 ``trace_step`` traces a function once per local replica into one graph (k subgraphs: the
 variables are shared inputs, each replica's updates are kept apart, its collectives are
 placeholders). ``replicate.compiler.compile_step`` then rewrites, merges and optimises it and
-lowers it into a ``CompiledStep``, which feeds the variables in, writes their new values back and
-exchanges the step's outputs with the other processes — one exchange per step.
+lowers it into a ``CompiledStep``, which feeds the variables in and writes their new values back;
+``gather_outputs`` exchanges a step's outputs with the other processes — one exchange per step.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     k = len(batches)
     contexts = contexts if contexts is not None else [None] * k
     trace = Trace()
-    batch_inputs, results, treedefs = [], [], []
+    batch_inputs, names, results, treedefs = [], [], [], []
     with active(trace):
         for r, (batch, ctx) in enumerate(zip(batches, contexts)):
             trace.replica = r
@@ -52,6 +52,8 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
                 start = len(trace.inputs)
                 traced = trace_inputs(trace, batch, prefix=prefix or f"r{r}.in")
                 batch_inputs.extend(trace.inputs[start:])
+                names.extend(trace.input_names[start:] if prefix else
+                             [f"r{len(names) + j}" for j in range(len(trace.inputs) - start)])
                 leaves, treedef = output_leaves(trace, fn(traced))
             results.append(leaves)
             treedefs.append(treedef)
@@ -71,8 +73,6 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
         updated.append(var)
         update_outs.extend(writes)
     inputs = batch_inputs + [trace.variable_input(v) for v in trace.variables]
-    names = trace.input_names[:len(batch_inputs)] if prefix else \
-        [f"r{i}" for i in range(len(batch_inputs))]
     meta = GraphMeta(input_names=names + [v.name for v in trace.variables],
                      variables=list(trace.variables), updated=updated, out_tree=treedefs[0],
                      num_results=len(results[0]), replicas=k)
@@ -118,6 +118,12 @@ def gather_outputs(comm, results: list) -> list:
     replica and process: the ranks compared them before). Returns per leaf an array
     ``(R, ...)``."""
     local = [[np.asarray(x) for x in leaves] for leaves in results]
+    for j, first in enumerate(local[0] if local else ()):  # before anything is exchanged
+        if any((r[j].shape, r[j].dtype) != (first.shape, first.dtype) for r in local[1:]):
+            raise ReplicateError(
+                f"step_fn's output leaf {j} differs between the replicas of this process: "
+                f"{[f'{r[j].dtype}{list(r[j].shape)}' for r in local]}; outputs are reduced "
+                "over replicas, so every replica must return the same shapes")
     if comm.size == 1:
         return [np.stack([r[j] for r in local]) for j in range(len(local[0]))]
     packed = np.concatenate([np.ascontiguousarray(x).reshape(-1).view(np.uint8)

@@ -268,3 +268,10 @@ def test_primitive_flags_follow_from_the_kind():
 def test_compile_options_know_every_pass():
     assert list(PIPELINE) == ["const_fold", "cse", "dce", "bucketing", "fusion", "memory"]
     CompileOptions(disable=set(PIPELINE))
+
+
+def test_outputs_that_differ_between_local_replicas_are_an_error_before_any_exchange():
+    comm = TwoRanks()
+    with pytest.raises(rp.ReplicateError, match="output leaf 0 differs between the replicas"):
+        gather_outputs(comm, [[np.zeros(8)], [np.zeros(4)]])
+    assert comm.calls == 0  # (8 + 4 bytes on one rank could pair with 4 + 8 on another)
