@@ -14,12 +14,16 @@ from . import (
 from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
 from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
-from .control import cond
+from .control import cond, switch
 from .errors import (
     CheckpointError,
     CollectiveMismatchError,
+    DivergenceError,
+    DTypeError,
     InputError,
     NonFiniteError,
+    NumpyConversionError,
+    ReplicaContextError,
     ReplicateError,
     ShapeError,
     TracerConversionError,
@@ -36,9 +40,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",
-    "ReplicateError", "InputError", "NonFiniteError", "CheckpointError",
-    "ShapeError", "TracerConversionError", "Variable", "cond", "function", "grad",
+    "ReplicateError", "InputError", "NonFiniteError", "NumpyConversionError", "CheckpointError",
+    "DivergenceError",
+    "ShapeError", "TracerConversionError", "Variable", "cond", "switch", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
-    "data", "callbacks", "checkpoint", "shard_batches",
+    "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "ReplicaContextError",
 ]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from .backends import numpy_backend, numpy_memory
 from .backends.base import Executable
 from .debug import debug_enabled
-from .errors import ReplicateError, function_location, source_line
+from .errors import DivergenceError, ReplicateError, function_location, source_line
 from .graph import passes
 from .graph.passes.merge_updates import merge_updates
 from .graph.primitives import REGISTRY
@@ -115,6 +115,7 @@ def step_graph(fn, batches, contexts=None, num_ranks: int = 1, rank: int = 0, pr
     if processes is not None and any(REGISTRY[n.prim].placeholder for n in graph.nodes):
         comm = processes()
         num_ranks, rank = comm.size, comm.rank
+    check_divergence(graph, k, num_ranks)
     graph = _checked("replicate_collectives",
                      passes.replicate_collectives(graph, k, num_ranks, rank))
     _dump("after collective rewrite", graph)
@@ -138,6 +139,29 @@ def compile_step(fn, batches, contexts=None, *, backend, options=None, num_ranks
                        processes)
     return CompiledStep(graph, compile_graph(graph, backend, options),
                         graph.meta.collective_schedule)
+
+
+def check_divergence(graph, k: int, num_ranks: int) -> None:
+    """Refuse a step whose updates would leave replicas holding different copies of a variable
+    (``graph.meta.divergent``, found while tracing): with one replica in all there is nothing to
+    diverge from, and a ``local=True`` variable is each replica's own."""
+    if k * num_ranks == 1:
+        return
+    found = [(var, where, source) for var, where, source in graph.meta.divergent
+             if not getattr(var, "local", False)]
+    if not found:
+        return
+    lines = "\n".join(f"  variable {var.name!r} assigned at "
+                      f"{source_line(where) if where else '?'}\n    from {source}"
+                      for var, where, source in found)
+    raise DivergenceError(
+        f"this step would leave the {k * num_ranks} replicas ({num_ranks} process(es) x {k}) "
+        f"holding different values of variables that must be one value everywhere:\n{lines}\n"
+        "The new value depends on per-replica data that no collective combined. Average the "
+        "gradients before the update — rp.wrap_optimizer(opt), or "
+        "rp.all_reduce(grads, 'mean')"
+        + (" — or, if each process should keep its own value, create the variable with "
+           "rp.Variable(..., local=True)." if k == 1 else "."))
 
 
 def collective_schedule(graph, step_fn=None) -> list:

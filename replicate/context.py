@@ -6,6 +6,7 @@ import contextlib
 import threading
 from dataclasses import dataclass
 
+from .graph.core import current_trace
 from .numpy.random import fold_in
 
 _local = threading.local()
@@ -58,4 +59,8 @@ def replica_key_fold(k):
     ctx = current()
     if ctx is None or ctx.num_replicas == 1:
         return k
-    return fold_in(k, ctx.replica_id)
+    folded = fold_in(k, ctx.replica_id)
+    trace = current_trace()
+    if trace is not None:  # per replica by construction (the divergence check follows it)
+        trace.mark_varying(folded)
+    return folded

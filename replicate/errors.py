@@ -6,6 +6,7 @@ import os
 import sys
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_PREFIX = (_PACKAGE_DIR + os.sep,)
 
 
 class ReplicateError(Exception):
@@ -16,12 +17,32 @@ class TracerConversionError(ReplicateError, TypeError):
     """A traced (symbolic) value was used where Python needs a concrete one."""
 
 
+class NumpyConversionError(TracerConversionError):
+    """A NumPy function (``np.tanh``, ``np.mean``, ...) was called on a library value, or a traced
+    value or Variable was converted to a NumPy array inside a traced step. NumPy functions neither
+    record gradients (eager mode) nor trace (graph mode), so the result would silently be wrong:
+    the message names the ``rnp`` function to use instead."""
+
+
 class ShapeError(ReplicateError, ValueError):
-    """Operands have shapes or dtypes an op cannot accept."""
+    """Operands have shapes an op cannot accept (axes, broadcasting, reshapes, contractions,
+    indices); a dtype an op cannot accept is a ``DTypeError``."""
+
+
+class DTypeError(ReplicateError, TypeError):
+    """Operands have dtypes an op cannot accept: a bool negated or subtracted, an integer where a
+    float is needed (or floor_divide of floats, integers to negative powers), operands of
+    different dtypes, a non-bool condition or logical operand, non-integer index arrays, a cast to
+    a dtype that is not bool, integer or float."""
 
 
 class CollectiveMismatchError(ReplicateError):
     """Replicas (or processes) disagree about a collective."""
+
+
+class ReplicaContextError(ReplicateError, ValueError):
+    """A collective runs where its replicas cannot be laid out: outside a ``Replicator`` (an
+    ``rp.function`` or eager code) collectives need one replica per process."""
 
 
 class MissingRuleError(ReplicateError, NotImplementedError):
@@ -37,17 +58,55 @@ class NonFiniteError(ReplicateError, FloatingPointError):
     """A step produced NaN or Inf (``Replicator(check_finite=True)``)."""
 
 
+class DivergenceError(ReplicateError):
+    """Replicas (or ranks) would hold, or hold, different values of a variable that must be one
+    value everywhere (an update from gradients that were never all-reduced)."""
+
+
 class CheckpointError(ReplicateError):
     """A checkpoint is missing, unreadable, corrupt or does not fit the state."""
 
 
-def user_frame(skip_library: bool = True):
-    """Return (filename, lineno, source) of the innermost frame outside this package."""
+def class_name(error: BaseException) -> str:
+    """``module.QualName`` of an error's class: what ranks exchange to re-raise it elsewhere."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+def error_of_class(name: str, message: str) -> ReplicateError:
+    """A ``ReplicateError`` of the subclass ``class_name`` gave (another rank's error re-raised
+    here with its type); a plain ``ReplicateError`` naming the class when no ``ReplicateError``
+    subclass of that name is loaded or it cannot be made from a message.
+
+    >>> type(error_of_class("replicate.errors.CollectiveMismatchError", "m")).__name__
+    'CollectiveMismatchError'
+    >>> str(error_of_class("elsewhere.OtherError", "m"))
+    'OtherError: m'
+    """
+    classes, todo = {}, [ReplicateError]
+    while todo:
+        cls = todo.pop()
+        classes[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        todo.extend(cls.__subclasses__())
+    cls = classes.get(name)
+    if cls is not None:
+        try:
+            return cls(message)
+        except Exception:  # noqa: BLE001 - a subclass with another constructor
+            pass
+    return ReplicateError(f"{name.rpartition('.')[2]}: {message}")
+
+
+def user_frame(skip_library: bool = True, skip_numpy: bool = False):
+    """Return (filename, lineno) of the innermost frame outside this package (and, with
+    ``skip_numpy``, outside NumPy: where NumPy called back into the library)."""
     frame = sys._getframe(1)
+    skip = _PACKAGE_PREFIX if skip_library else ()
+    numpy = sys.modules.get("numpy") if skip_numpy else None
+    if numpy is not None:
+        skip += (os.path.join(os.path.dirname(os.path.abspath(numpy.__file__)), ""),)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        inside = path.startswith(_PACKAGE_DIR + os.sep)
-        if not (skip_library and inside) and "importlib" not in path:
+        if not path.startswith(skip) and "importlib" not in path:
             return path, frame.f_lineno
         frame = frame.f_back
     return "<unknown>", 0

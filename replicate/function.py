@@ -24,7 +24,7 @@ from .errors import ReplicateError
 from .graph.core import Array
 from .graph.trace import signature
 from .numpy import as_array
-from .step import batch_leaves
+from .step import StepCache, batch_leaves
 
 MODES = ("graph", "eager")
 
@@ -57,7 +57,7 @@ class Function:
         self.mode = check_mode(mode)
         self.backend = get_backend(backend)
         self.options = as_options(options)
-        self.cache: dict = {}
+        self.cache = StepCache()
         self.trace_count = 0
 
     def __call__(self, *args):
@@ -70,9 +70,10 @@ class Function:
 
     def _entry(self, args):
         key = signature(args)
-        step = self.cache.get(key)
-        if step is None:
-            step = self.cache[key] = self._compile(args)
+        step = self.cache.find(key)
+        if step is None:  # a new signature, or state the last trace read has changed
+            step = self._compile(args)
+            self.cache.add(key, step)
         return step
 
     def _compile(self, args):

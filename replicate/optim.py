@@ -15,6 +15,7 @@ import numpy as np
 from . import numpy as rnp
 from . import tree
 from .collectives import all_reduce
+from .dependency import TraceKeyed
 from .errors import ReplicateError
 from .state import Variable
 
@@ -29,8 +30,12 @@ def _params(params) -> tuple[list, object]:
     return leaves, treedef
 
 
-class Optimizer:
-    """Base: holds the parameters, a step counter and per-parameter slots."""
+class Optimizer(TraceKeyed):
+    """Base: holds the parameters, a step counter and per-parameter slots.
+
+    Its hyper-parameters (``lr``, momentum, ...) are read when a step is traced: assigning one
+    (``opt.lr = 1e-4``) after the step was compiled makes it trace again. A learning rate that
+    changes every step belongs in a schedule (``lr=fn(step)``), which is traced once."""
 
     def __init__(self, params, lr):
         self.params, self.treedef = _params(params)
@@ -50,6 +55,7 @@ class Optimizer:
         if len(leaves) != len(self.params):
             raise ReplicateError(f"{type(self).__name__}.apply: {len(leaves)} gradients for "
                                  f"{len(self.params)} parameters")
+        self.traced_by()
         step = self.step.read() + 1
         self.step.assign(step)
         lr = self.learning_rate(step)
@@ -144,7 +150,7 @@ class RMSProp(Optimizer):
         return p - delta
 
 
-class CrossReplicaOptimizer:
+class CrossReplicaOptimizer(TraceKeyed):
     """Wraps an optimiser so ``apply`` first averages the gradients over all replicas.
 
     The one-line change that turns a single-replica script data-parallel (as TF-Replicator's
@@ -156,6 +162,7 @@ class CrossReplicaOptimizer:
         self.max_grad_norm = max_grad_norm
 
     def apply(self, grads) -> None:
+        self.traced_by()
         grads = all_reduce(grads, "mean")
         if self.max_grad_norm is not None:
             grads = clip_by_global_norm(grads, self.max_grad_norm)

@@ -17,23 +17,39 @@ import itertools
 
 import numpy as np
 
-from .errors import ReplicateError
-from .graph.core import Array, concrete, current_trace
+from .errors import NumpyConversionError, ReplicateError, source_line, user_frame
+from .graph.core import (
+    Array,
+    concrete,
+    current_trace,
+    numpy_array_ufunc,
+    numpy_function_error,
+)
 from .numpy import _install_operators, as_array, cast
 
 _counter = itertools.count()
 
 # Called with each variable on an eager read while a Replicator runs (it syncs values from rank 0).
 eager_read_hook = None
+# Called with each variable before an eager write while a Replicator runs (with check_finite it
+# keeps the old value, so a step whose update is not finite can be taken back).
+eager_write_hook = None
 
 
 class Variable:
-    """A named, mutable array (a model parameter, optimiser slot or random-generator key)."""
+    """A named, mutable array (a model parameter, optimiser slot or random-generator key).
 
-    def __init__(self, value, name: str | None = None, dtype=None):
+    Under a ``Replicator`` a variable is one value on every replica and rank: rank 0's value is
+    broadcast on first use, and a step that would update it from per-replica data without a
+    collective is refused (``rp.DivergenceError``); the ranks' copies are compared at
+    checkpoints and at the end of ``run``. ``local=True`` makes it each process's own instead
+    (not broadcast, not compared): per-process statistics, an actor's own state."""
+
+    def __init__(self, value, name: str | None = None, dtype=None, *, local: bool = False):
         self.value = np.array(value.numpy() if isinstance(value, (Array, Variable)) else value,
                               dtype=dtype)
         self.name = name or f"var{next(_counter)}"
+        self.local = bool(local)
         self._eager: Array | None = None
 
     shape = property(lambda self: self.value.shape)
@@ -64,6 +80,8 @@ class Variable:
         if trace is not None:
             trace.write_variable(self, new)
             return
+        if eager_write_hook is not None:
+            eager_write_hook(self)
         self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf
 
@@ -74,10 +92,31 @@ class Variable:
         self._eager = None
 
     def numpy(self) -> np.ndarray:
+        """The current value (outside a traced step: inside one it would be a constant)."""
+        if current_trace() is not None:
+            self._refuse_in_trace("w.numpy()")
         return self.value
 
+    # -- NumPy: np.asarray(w) outside a traced step; NumPy functions on a Variable refuse -------
     def __array__(self, dtype=None, copy=None):
+        if current_trace() is not None:
+            self._refuse_in_trace("conversion to a NumPy array")
         return self.value if dtype is None else self.value.astype(dtype)
+
+    def _refuse_in_trace(self, what):
+        loc = source_line(user_frame(skip_numpy=True))
+        raise NumpyConversionError(
+            f"{what} of Variable {self.name!r} inside a traced step at {loc}\n"
+            "  Its current value would be baked into the compiled step as a constant: every "
+            "later call would see this value, not the Variable's.\n"
+            "  Read it through rnp ops (import replicate.numpy as rnp; rnp.tanh(w), w * x, "
+            "rnp.asarray(w)), or convert it outside the step (np.asarray(w), w.numpy()).")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return numpy_array_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise numpy_function_error(func, self)
 
     def __repr__(self) -> str:
         return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype})"

@@ -13,10 +13,11 @@ import contextlib
 
 import numpy as np
 
-from . import tree
+from . import dependency, tree
 from .context import replica_scope
 from .errors import ReplicateError
 from .graph.core import Graph, GraphMeta
+from .graph.passes.divergence import divergent_writes
 from .graph.trace import Trace, active, trace_inputs
 from .numpy import as_array
 
@@ -60,24 +61,30 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     if len(set(treedefs)) != 1:
         raise ReplicateError("replicas returned differently structured outputs from step_fn: "
                              f"{treedefs}")
-    updated, update_outs = [], []
+    updated, update_outs, writes = [], [], []
     for var in trace.variables:
-        writes = trace.writes(var, k)
-        if all(w is None for w in writes):
+        values = trace.writes(var, k)
+        if all(w is None for w in values):
             continue
-        if any(w is None for w in writes):
-            missing = [r for r, w in enumerate(writes) if w is None]
+        if any(w is None for w in values):
+            missing = [r for r, w in enumerate(values) if w is None]
             raise ReplicateError(f"variable {var.name!r} is updated by some replicas but not by "
                                  f"local replica(s) {missing}; every replica must run the same "
                                  "updates")
         updated.append(var)
-        update_outs.extend(writes)
+        update_outs.extend(values)
+        writes.extend((var, r, x, trace.write_location(var, r)) for r, x in enumerate(values))
     inputs = batch_inputs + [trace.variable_input(v) for v in trace.variables]
     meta = GraphMeta(input_names=names + [v.name for v in trace.variables],
                      variables=list(trace.variables), updated=updated, out_tree=treedefs[0],
-                     num_results=len(results[0]), replicas=k)
-    return Graph(inputs, list(trace.nodes), [x for leaves in results for x in leaves]
-                 + update_outs, meta)
+                     num_results=len(results[0]), replicas=k,
+                     guards=dependency.guards(trace.dependents.values()))
+    graph = Graph(inputs, list(trace.nodes), [x for leaves in results for x in leaves]
+                  + update_outs, meta)
+    sources = {x.id: f"the batch (graph input {name!r})" for x, name in zip(batch_inputs, names)}
+    sources.update((i, "a per-replica random key") for i in trace.varying)
+    meta.divergent = tuple(divergent_writes(graph, sources, writes))
+    return graph
 
 
 def batch_leaves(batches) -> list:
@@ -86,37 +93,91 @@ def batch_leaves(batches) -> list:
             for b in batches for x in tree.flatten(b)[0] if not isinstance(x, (str, bytes))]
 
 
+class StepCache:
+    """Compiled steps by call signature. A signature may hold several: each is reused only
+    while the Python-level state its trace read is unchanged (``graph.meta.guards``: a module's
+    train/eval flag, an optimiser's learning rate — ``replicate.dependency``)."""
+
+    def __init__(self):
+        self._by_signature: dict = {}
+        self._count = 0
+
+    def find(self, signature):
+        """The compiled step for ``signature`` whose guards hold, or None."""
+        for step in self._by_signature.get(signature, ()):
+            if dependency.guards_hold(step.graph.meta.guards):
+                return step
+        return None
+
+    def add(self, signature, step):
+        """Keep ``step``; returns its key (the signature and a number)."""
+        self._count += 1
+        step.key = (signature, self._count)
+        self._by_signature.setdefault(signature, []).append(step)
+        return step.key
+
+    def __len__(self) -> int:
+        return self._count
+
+    def values(self) -> list:
+        return sorted((s for steps in self._by_signature.values() for s in steps),
+                      key=lambda s: s.key[1])
+
+
 class CompiledStep:
     """One compiled signature of a step: ``graph`` (the step after the collective rewrite and the
     merge of the replicas' updates), ``executable`` (what the backend runs: ``.graph`` after its
     passes, ``.kernels``) and ``schedule`` (the cross-process exchanges, as written).
 
     ``step(leaves)`` runs it on the batch leaves of its k replicas: the variables are fed in
-    and their new values written back; returns each replica's result leaves."""
+    and their new values written back; returns each replica's result leaves. ``run`` and
+    ``commit`` are the two halves, for a caller that checks the new values before they are
+    written (``Replicator(check_finite=True)``)."""
 
     def __init__(self, graph: Graph, executable, schedule: list):
         self.graph, self.executable, self.schedule = graph, executable, schedule
         self.last_inputs = None  # kept when asked (``keep_inputs``): the NaN finder re-runs them
+        self.key = None  # set by the StepCache that holds it
 
     def __call__(self, leaves: list, keep_inputs: bool = False) -> list:
+        results, updates = self.run(leaves, keep_inputs)
+        self.commit(updates)
+        return results
+
+    def run(self, leaves: list, keep_inputs: bool = False) -> tuple[list, list]:
+        """Run on the batch leaves: (each replica's result leaves, the variables' new values
+        — not written yet)."""
         meta = self.graph.meta
         inputs = leaves + [v.value for v in meta.variables]
         if keep_inputs:
             self.last_inputs = inputs
         outs = self.executable(inputs)
         n, k = meta.num_results, meta.replicas
-        for var, value in zip(meta.updated, outs[n * k:]):
+        return [outs[r * n:(r + 1) * n] for r in range(k)], outs[n * k:]
+
+    def updates(self, values: list) -> list:
+        """``(variable, new value)`` pairs of a ``run``'s updates."""
+        return list(zip(self.graph.meta.updated, values))
+
+    def commit(self, values: list) -> None:
+        """Write a ``run``'s new values into the variables."""
+        for var, value in zip(self.graph.meta.updated, values):
             var.load(value)
-        return [outs[r * n:(r + 1) * n] for r in range(k)]
 
 
-def gather_outputs(comm, results: list) -> list:
+def gather_outputs(comm, results: list, flag=None):
     """Every replica's result leaves on every process, in global replica order: one exchange
     (``allgather`` of the local leaves packed into one byte buffer), not one per leaf.
 
     ``results``: per local replica, a list of leaves (the same shapes and dtypes on every
     replica and process: the ranks compared them before). Returns per leaf an array
-    ``(R, ...)``."""
+    ``(R, ...)``. With ``flag`` (a bool of this process's) it travels in the same exchange:
+    returns ``(leaves, flags)``, ``flags`` per process."""
+    if flag is not None:
+        k = len(results)
+        gathered = gather_outputs(comm, [list(r) + [np.asarray(flag, np.uint8)]
+                                         for r in results])
+        return gathered[:-1], gathered[-1].reshape(-1, k).any(1)
     local = [[np.asarray(x) for x in leaves] for leaves in results]
     for j, first in enumerate(local[0] if local else ()):  # before anything is exchanged
         if any((r[j].shape, r[j].dtype) != (first.shape, first.dtype) for r in local[1:]):
@@ -142,4 +203,5 @@ def gather_outputs(comm, results: list) -> list:
     return [np.stack([r[j] for r in everyone]) for j in range(len(local[0]))]
 
 
-__all__ = ["CompiledStep", "batch_leaves", "gather_outputs", "output_leaves", "trace_step"]
+__all__ = ["CompiledStep", "StepCache", "batch_leaves", "gather_outputs", "output_leaves",
+           "trace_step"]

@@ -132,8 +132,12 @@ def test_failed_write_does_not_clobber_the_existing_checkpoint(tmp_path, monkeyp
         if var.dtype.kind == "f":
             var.assign(np.zeros(var.shape))
     monkeypatch.setattr(np, "savez", failing_savez)
-    with pytest.raises(type(exc)):
+    # an error is a CheckpointError naming the path (raised alike on every rank), caused by it
+    with pytest.raises(rp.CheckpointError if isinstance(exc, Exception) else type(exc)) as e:
         rp.checkpoint.save(path, state, step=2)
+    if isinstance(exc, Exception):
+        assert path in str(e.value) and "disk full" in str(e.value)
+        assert e.value.__cause__ is exc
     monkeypatch.undo()
     with open(path, "rb") as f:
         assert f.read() == good
@@ -474,3 +478,37 @@ def test_checkpoint_file_has_the_permissions_of_a_plain_file(tmp_path):
     np.savez(str(tmp_path / "plain.npz"), a=np.ones(2))
     mode = stat.S_IMODE(os.stat(path).st_mode)
     assert mode == stat.S_IMODE(os.stat(str(tmp_path / "plain.npz")).st_mode), oct(mode)
+
+
+# ================================================================================================
+# save under two processes: every rank returns once the file is in place, or raises alike
+# ================================================================================================
+def test_failed_write_in_one_process_is_a_checkpoint_error_naming_the_path(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    path = str(blocker / "ck.npz")
+    with pytest.raises(rp.CheckpointError, match="cannot write checkpoint") as e:
+        rp.checkpoint.save(path, {"w": rp.Variable(np.ones(2))})
+    assert path in str(e.value) and isinstance(e.value.__cause__, OSError)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")
+def test_every_rank_reads_the_checkpoint_right_after_save_and_sees_a_failed_write(tmp_path):
+    """``tests/programs/checkpoint_mpi.py``: after each of 10 saves (a fixed name and a
+    ``{step}`` pattern) each rank reads the file itself and finds this save's step and values;
+    a write that fails on rank 0 is a ``CheckpointError`` naming the path on both ranks, and the
+    ranks save together again afterwards."""
+    out = str(tmp_path / "seen")
+    result = run([MPIEXEC, "-n", "2", sys.executable, "checkpoint_mpi.py", out],
+                 timeout=TIMEOUT, check=True)
+    blocked = str(tmp_path / "a-file" / "ck.npz")
+    for rank in (0, 1):
+        with open(f"{out}.rank{rank}.json") as f:
+            seen = json.load(f)
+        assert seen["size"] == 2, result.stderr
+        assert seen["reads"] == [[s, s, True] for s in range(10)], (rank, seen["reads"])
+        error = seen["error"]
+        assert error is not None and error["type"] == "CheckpointError", (rank, error)
+        assert blocked in error["message"] and error["consistent"], (rank, error)
+        assert seen["after"] == 11

@@ -234,7 +234,7 @@ def test_non_finite_loss_names_the_step_and_in_graph_mode_the_op(mode):
         with pytest.raises(rp.NonFiniteError) as e:
             rep.run(10)
     message = str(e.value)
-    assert message.startswith("step 4: step_fn returned non-finite values"), message
+    assert message.startswith("step 4: non-finite values (check_finite=True)"), message
     assert "output['loss']: nan in 1 of 1" in message, message
     assert "output['ok']" not in message, message  # finite outputs are not listed
     if mode == "graph":

@@ -275,7 +275,7 @@ def test_non_finite_loss_stops_every_rank_with_the_step(mode, step):
     text = report(result)
     assert result.returncode != 0, text
     assert result.stderr.count("NonFiniteError: step") == 2, text
-    assert f"step {step}: step_fn returned non-finite values" in result.stderr, text
+    assert f"step {step}: non-finite values (check_finite=True)" in result.stderr, text
     assert "output['loss']: inf" in result.stderr, text
     if mode == "graph":
         assert f"log(f64[4]) -> f64[4] at {marker_line('nan-source')}" in result.stderr, text

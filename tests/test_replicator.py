@@ -208,8 +208,8 @@ def test_replicas_writing_different_values_into_a_variable():
         w.assign(w + x)  # MARK diverge
         return {"y": x.sum()}
 
-    with pytest.raises(rp.ReplicateError, match="different values into variable 'w_diverging'") \
-            as e:
+    with pytest.raises(rp.DivergenceError, match="different values of variables.*\n.*"
+                       "variable 'w_diverging'") as e:
         run(step_fn, lambda r: np.full(3, float(r)))
     _assert_names_lines(e, "MARK diverge")
     np.testing.assert_array_equal(w.numpy(), np.zeros(3))

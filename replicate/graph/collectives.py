@@ -14,7 +14,7 @@ the communication thread while the step computes on).
 
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError, source_line, user_frame
 from .aval import AVal
 from .core import bind, current_trace
 from .primitives import COLLECTIVE, declare
@@ -27,6 +27,22 @@ def _same(x, **_):
     return x
 
 
+def _float_mean(prim, x, op):
+    """The mean of integers is not an integer: one rule in both modes and on every backend —
+    an error asking for a float cast (never a truncated or zero result)."""
+    if op == "mean" and x.dtype.kind not in "fc":
+        raise DTypeError(
+            f"{prim}({x}, op='mean') at {source_line(user_frame())}: the mean of {x.dtype} "
+            f"values is not {'a bool' if x.dtype.kind == 'b' else 'an integer'}; cast first "
+            "(rnp.cast(x, 'float32')), or reduce with "
+            "'sum' and divide as you mean to (rnp.floor_divide for a floored mean)")
+
+
+def _reduced_same(x, *, op, **_):
+    _float_mean("all_reduce", x, op)
+    return x
+
+
 def _all_gather(x, *, num_replicas, axis, tiled, **_):
     shape = list(x.shape)
     if tiled:
@@ -36,7 +52,8 @@ def _all_gather(x, *, num_replicas, axis, tiled, **_):
     return AVal(tuple(shape), x.dtype)
 
 
-def _reduce_scatter(x, *, num_replicas, axis, **_):
+def _reduce_scatter(x, *, num_replicas, axis, op, **_):
+    _float_mean("reduce_scatter", x, op)
     shape = list(x.shape)
     if shape[axis] % num_replicas:
         raise ShapeError(f"reduce_scatter: axis {axis} of size {shape[axis]} is not divisible "
@@ -58,7 +75,7 @@ def _gathered(x, *, size, **_):
 # Communication must run on every rank even where its result is unused (say, the gradient of a
 # broadcast on a rank without the root): ``effect`` keeps dead-code elimination and CSE off it.
 _PLACEHOLDER = dict(effect=True, placeholder=True)
-declare("all_reduce", COLLECTIVE, _same, **_PLACEHOLDER)
+declare("all_reduce", COLLECTIVE, _reduced_same, **_PLACEHOLDER)
 declare("all_gather", COLLECTIVE, _all_gather, **_PLACEHOLDER)
 declare("broadcast", COLLECTIVE, _same, **_PLACEHOLDER)
 declare("reduce_scatter", COLLECTIVE, _reduce_scatter, **_PLACEHOLDER)

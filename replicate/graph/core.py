@@ -15,14 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ReplicateError, TracerConversionError, source_line, user_frame
+from ..errors import (
+    NumpyConversionError,
+    ReplicateError,
+    TracerConversionError,
+    source_line,
+    user_frame,
+)
 from .aval import AVal, dtype_short
 from .primitives import REGISTRY, get
 from .printer import format_graph
 from .reference import IMPL
 
 __all__ = ["AVal", "Array", "Graph", "GraphMeta", "Node", "bind", "concrete", "current_trace",
-           "dtype_short", "set_trace"]
+           "dtype_short", "numpy_array_ufunc", "numpy_function_error", "register_op_namespace",
+           "set_trace"]
 
 
 _ids = itertools.count()
@@ -96,7 +103,7 @@ class Array:
     # -- conversions that need a concrete value -----------------------------------------------
     def _need_concrete(self, what: str):
         if self.symbolic:
-            loc = source_line(user_frame())
+            loc = source_line(user_frame(skip_numpy=True))
             raise TracerConversionError(
                 f"{what} of a traced value at {loc}\n"
                 f"  In graph mode (define-and-run) values are symbolic while the step is traced, "
@@ -121,9 +128,24 @@ class Array:
         self._need_concrete("use as a Python index")
         return int(self.value)
 
+    # -- NumPy: np.asarray(x) converts an eager value; NumPy functions on library values refuse --
     def __array__(self, dtype=None, copy=None):
-        self._need_concrete("conversion to a NumPy array")
+        if self.symbolic:
+            loc = source_line(user_frame(skip_numpy=True))
+            raise NumpyConversionError(
+                f"conversion to a NumPy array of a traced value at {loc}\n"
+                f"  In graph mode (define-and-run) values are symbolic while the step is traced, "
+                f"and {_WHY}.\n"
+                f"  Compute with the rnp function of the same name (import replicate.numpy as rnp; "
+                f"rnp.where(cond, a, b) or rp.cond(...) for a traced choice) and return the value "
+                f"from the step to read it, or run this step in eager mode (mode='eager').")
         return self.value if dtype is None else self.value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return numpy_array_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise numpy_function_error(func, self)
 
     def item(self):
         self._need_concrete("item()")
@@ -141,6 +163,75 @@ class Array:
             yield self[i]
 
 
+# ---------------------------------------------------------------------------------------------
+# NumPy functions on library values (np.tanh(x), np.mean(x), np.where(c, x, 0), ...) refuse, in
+# both modes: in eager mode NumPy would return an ndarray off the tape (its gradient silently
+# zero), in graph mode it cannot trace. ``ndarray <op> x`` is the exception: NumPy's binary
+# operators call their ufunc (np.multiply) on an operand that defines ``__array_ufunc__``, so the
+# ufuncs behind the Array operators are answered by the rnp op, as ``x.__rmul__`` would be.
+
+_WHY = "NumPy functions neither record gradients in eager mode nor trace in graph mode"
+_RNP_ALIASES = {"absolute": "abs"}  # NumPy's name -> replicate.numpy's, where they differ
+
+# Filled by replicate.numpy when it is imported (the op namespace sits above this module): the
+# names it exports, for "use rnp.<name>(...)", and the rnp op behind each operator ufunc.
+_rnp_names: frozenset = frozenset()
+_operator_ufuncs: dict = {}
+
+
+def register_op_namespace(names, operator_ufuncs: dict) -> None:
+    """Called by ``replicate.numpy`` at import: its exported function names and
+    ``{np.multiply: rnp.multiply, ...}`` for the ufuncs behind the Array operators."""
+    global _rnp_names, _operator_ufuncs
+    _rnp_names = frozenset(names)
+    _operator_ufuncs = dict(operator_ufuncs)
+
+
+def numpy_array_ufunc(subject, ufunc, method, inputs, kwargs):
+    """The body of ``__array_ufunc__`` for Array and Variable: ``ndarray <op> x`` gets the rnp op,
+    every other ufunc call refuses (``numpy_function_error``)."""
+    op = _operator_ufuncs.get(ufunc)
+    if op is not None and method == "__call__" and len(inputs) == 2 and not kwargs:
+        return op(*inputs)
+    raise numpy_function_error(ufunc, subject, method)
+
+
+def _numpy_function_name(func, method: str) -> tuple[str, str | None]:
+    """('np.linalg.norm', None) or ('np.tanh', 'tanh'): how to print ``func`` and the name of its
+    replicate.numpy equivalent, if replicate.numpy has one."""
+    name = getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None) or "numpy"
+    sub = module[len("numpy."):] if module.startswith("numpy.") else ""
+    top = not sub or sub.startswith("_")
+    shown = "np." + ("" if top else sub + ".") + name
+    if method != "__call__":
+        return f"{shown}.{method}", None
+    rnp_name = _RNP_ALIASES.get(name, name)
+    return shown, (rnp_name if top and rnp_name in _rnp_names else None)
+
+
+def numpy_function_error(func, subject, method: str = "__call__") -> NumpyConversionError:
+    """The error for a NumPy function (ufunc or ``__array_function__``) called on ``subject``, an
+    Array or a Variable: which function, the user's line, why, and what to write instead."""
+    shown, rnp_name = _numpy_function_name(func, method)
+    loc = source_line(user_frame(skip_numpy=True))
+    use = (f"Use rnp.{rnp_name}(...) (import replicate.numpy as rnp)" if rnp_name else
+           f"replicate.numpy has no {shown[3:]}: write it with rnp ops "
+           f"(import replicate.numpy as rnp)")
+    if isinstance(subject, Array):
+        what = "a traced value" if subject.symbolic else "a replicate array"
+        if not subject.symbolic:
+            use += ", or x.numpy() for the value without gradient"
+    else:  # a Variable
+        what = f"Variable {getattr(subject, 'name', '?')!r}"
+        use += (". Inside a step read a Variable through rnp ops; outside a step "
+                f"{shown}(w.numpy()) works on its current value")
+    return NumpyConversionError(f"{shown}() called on {what} at {loc}\n"
+                                f"  {_WHY}, so the result would silently lose the gradient "
+                                f"(eager) or fail to trace (graph).\n"
+                                f"  {use}.")
+
+
 @dataclass
 class GraphMeta:
     """What a graph's inputs and outputs mean, for whoever feeds and reads them.
@@ -150,6 +241,9 @@ class GraphMeta:
     last outputs write back, in order), ``num_results`` and ``out_tree`` (how many leading
     outputs are per replica step results and their nest structure), ``replicas`` (k) and
     ``collective_schedule`` (the cross-process exchanges as written, which the ranks compare).
+    ``guards``: the Python-level state the trace read (``replicate.dependency``), which must be
+    unchanged for the step to be reused; ``divergent``: the updated variables whose new value
+    depends on per-replica data that no collective combined (``(variable, where, source)``).
     A backend may attach its own plan (``memory_plan``). Read as attributes or, like a dict,
     ``meta["updated"]``."""
 
@@ -161,6 +255,8 @@ class GraphMeta:
     replicas: int = 1
     collective_schedule: list | None = None
     memory_plan: Any = None
+    guards: tuple = ()
+    divergent: tuple = ()
 
     def __getitem__(self, key):
         if key not in _META_FIELDS:

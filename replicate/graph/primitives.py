@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import MissingRuleError, ShapeError
+from ..errors import DTypeError, MissingRuleError, ShapeError
 from .aval import AVal
 
 ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE, FUSED = (
@@ -115,19 +115,19 @@ def _unary(a, **_):
 
 def _unary_signed(a, **_):
     if a.dtype == bool:
-        raise ShapeError("neg and sign need numbers, got bool (logical_not negates a bool)")
+        raise DTypeError("neg and sign need numbers, got bool (logical_not negates a bool)")
     return a
 
 
 def _binary_signed(a, b, **_):
     if a.dtype == bool or b.dtype == bool:
-        raise ShapeError("cannot subtract bools; use logical_xor (a != b)")
+        raise DTypeError("cannot subtract bools; use logical_xor (a != b)")
     return _binary(a, b)
 
 
 def _unary_float(a, **_):
     if not is_float(a.dtype):
-        raise ShapeError(f"needs a floating-point operand, got {a.dtype}")
+        raise DTypeError(f"needs a floating-point operand, got {a.dtype}")
     return a
 
 
@@ -148,7 +148,7 @@ def _same_dtype(*avals):
         return first
     dtypes = {np.dtype(a.dtype) for a in avals}
     if len(dtypes) != 1:
-        raise ShapeError(f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")
+        raise DTypeError(f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")
     return avals[0].dtype
 
 
@@ -163,19 +163,19 @@ def _compare(a, b, **_):
 
 def _logical(a, b, **_):
     if a.dtype != bool or b.dtype != bool:
-        raise ShapeError("logical ops need bool operands")
+        raise DTypeError("logical ops need bool operands")
     return AVal(_broadcast(a, b), np.dtype(bool))
 
 
 def _select(c, a, b, **_):
     if c.dtype != bool:
-        raise ShapeError(f"select's condition must be bool, got {c.dtype}")
+        raise DTypeError(f"select's condition must be bool, got {c.dtype}")
     return AVal(_broadcast(c, a, b), _same_dtype(a, b))
 
 
 def _cast(a, dtype):
     if np.dtype(dtype).kind not in "biuf":
-        raise ShapeError(f"cannot cast to {np.dtype(dtype)}: the dtypes are bool, integers and "
+        raise DTypeError(f"cannot cast to {np.dtype(dtype)}: the dtypes are bool, integers and "
                          "floats")
     return AVal(a.shape, np.dtype(dtype))
 
@@ -267,7 +267,7 @@ def _dummy(shape, dtype):
 def _getitem(a, *idx, index):
     for i in idx:
         if not np.issubdtype(i.dtype, np.integer):
-            raise ShapeError(f"index arrays must be integers, got {i.dtype}")
+            raise DTypeError(f"index arrays must be integers, got {i.dtype}")
     arrays = [np.zeros(i.shape, np.intp) for i in idx]
     try:
         shape = _dummy(a.shape, a.dtype)[index_tuple(index, arrays)].shape

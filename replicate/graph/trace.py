@@ -13,7 +13,7 @@ import contextlib
 import numpy as np
 
 from .. import tree
-from ..errors import ReplicateError
+from ..errors import ReplicateError, user_frame
 from .aval import AVal
 from .core import Array, Node, set_trace
 
@@ -26,6 +26,9 @@ class Trace:
         self.variables: list = []  # variables read or written, in first-touch order
         self._var_input: dict[int, Array] = {}
         self._var_current: dict[tuple, Array] = {}  # (replica, id(var)) -> latest value
+        self._var_where: dict[tuple, tuple] = {}  # (replica, id(var)) -> the assign's line
+        self.varying: set[int] = set()  # ids of values that differ per replica by construction
+        self.dependents: dict[int, object] = {}  # objects whose Python state the trace read
         self._lifted: dict[int, tuple] = {}
         self.replica = 0
         self._collective_seq: dict[int, int] = {}
@@ -77,6 +80,43 @@ class Trace:
     def write_variable(self, var, value: Array) -> None:
         self._touch(var)
         self._var_current[(self.replica, id(var))] = self.lift(value)
+        self._var_where[(self.replica, id(var))] = user_frame()
+
+    def write_location(self, var, replica: int):
+        """Where replica ``replica`` last assigned ``var`` (file, line), or None."""
+        return self._var_where.get((replica, id(var)))
+
+    # -- traced control flow: the current replica's variable writes as a unit ---------------
+    def branch_state(self) -> dict:
+        """The current replica's variable writes so far ({id(var): (value, where)})."""
+        r = self.replica
+        return {vid: (value, self._var_where.get((r, vid)))
+                for (rep, vid), value in self._var_current.items() if rep == r}
+
+    def set_branch_state(self, writes: dict) -> None:
+        """Make ``writes`` (from ``branch_state``) the current replica's writes."""
+        r = self.replica
+        for key in [key for key in self._var_current if key[0] == r]:
+            del self._var_current[key]
+            self._var_where.pop(key, None)
+        for vid, (value, where) in writes.items():
+            self._var_current[(r, vid)] = value
+            if where is not None:
+                self._var_where[(r, vid)] = where
+
+    def variable_value(self, vid: int) -> Array:
+        """The current replica's value of the variable with id ``vid`` (written or read)."""
+        return self._var_current.get((self.replica, vid), self._var_input[vid])
+
+    # -- what else the trace depends on ------------------------------------------------------
+    def mark_varying(self, x: Array) -> None:
+        """``x`` differs per replica although it comes from no batch (a replica-folded key)."""
+        self.varying.add(x.id)
+
+    def depends_on(self, obj) -> None:
+        """The trace read Python-level state of ``obj`` (a module's train/eval flag, an
+        optimiser's learning rate): the compiled step is reused only while it is unchanged."""
+        self.dependents.setdefault(id(obj), obj)
 
     def variable_input(self, var) -> Array:
         return self._var_input[id(var)]
@@ -119,6 +159,10 @@ def trace_inputs(trace: Trace, args, prefix="arg"):
         if isinstance(x, (str, bytes)):
             traced.append(x)
             continue
-        value = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-        traced.append(trace.new_input(AVal(tuple(value.shape), value.dtype), f"{prefix}{i}"))
+        if hasattr(x, "shape") and hasattr(x, "dtype"):  # no value needed (nor read)
+            aval = AVal(tuple(x.shape), np.dtype(x.dtype))
+        else:
+            value = np.asarray(x)
+            aval = AVal(tuple(value.shape), value.dtype)
+        traced.append(trace.new_input(aval, f"{prefix}{i}"))
     return tree.unflatten(treedef, traced)

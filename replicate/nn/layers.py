@@ -124,9 +124,15 @@ class BatchNorm(Module):
 
 class Dropout(Module):
     """Zero each element with probability ``rate`` in training (keyed randomness: different on
-    every replica and every step, reproducible from ``seed``)."""
+    every replica and every step).
 
-    def __init__(self, rate=0.5, seed=0):
+    ``seed=None`` (the default) gives each Dropout layer its own stream, taken from the count of
+    generators created without a seed (``rnp.random.Generator``): deterministic, so the same
+    program draws the same masks in every run and on every rank, and two default layers never
+    draw the same masks. An integer ``seed`` gives the stream of that seed (equal seeds, equal
+    masks); ``rnp.random.seed(base)`` restarts the default count."""
+
+    def __init__(self, rate=0.5, seed=None):
         super().__init__()
         if not 0 <= rate < 1:
             raise ReplicateError(f"Dropout rate must be in [0, 1), got {rate}")

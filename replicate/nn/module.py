@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from ..dependency import TraceKeyed
 from ..state import Variable
 
 
-class Module:
+class Module(TraceKeyed):
     """Base class of layers. Assigning a ``Variable`` or ``Module`` attribute registers it.
+
+    Plain attributes (``training``, a rate, a flag) are read when a step is traced; changing one
+    after the step was compiled makes it trace again (``replicate.dependency``), so ``eval()``,
+    ``train()`` and ``layer.rate = 0.1`` take effect in graph mode as in eager mode. State kept
+    outside the module that ``forward`` reads can be declared by overriding ``trace_key()``.
 
     >>> import numpy as np, replicate as rp
     >>> class Affine(rp.nn.Module):
@@ -22,7 +28,7 @@ class Module:
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "_children", {})
-        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_training", True)
 
     def __setattr__(self, name, value):
         if "_params" not in self.__dict__:
@@ -34,11 +40,21 @@ class Module:
             self._params[name] = value
         elif isinstance(value, Module):
             self._children[name] = value
-        object.__setattr__(self, name, value)
+        TraceKeyed.__setattr__(self, name, value)
+
+    @property
+    def training(self) -> bool:
+        """Training (True) or evaluation (False) behaviour; read by a trace, it keys the step."""
+        self.traced_by()
+        return self._training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        TraceKeyed.__setattr__(self, "_training", bool(mode))
 
     def register_buffer(self, name: str, value: Variable) -> None:
         """A state variable that is not trained (e.g. BatchNorm's running mean)."""
-        object.__setattr__(self, name, value)
+        TraceKeyed.__setattr__(self, name, value)
         self._buffers[name] = value
 
     def _named(self, kind, prefix="", seen=None):
@@ -71,7 +87,7 @@ class Module:
         return {**self.parameters(), **self.buffers()}
 
     def train(self, mode: bool = True):
-        object.__setattr__(self, "training", mode)
+        self.training = mode
         for child in self._children.values():
             child.train(mode)
         return self
@@ -80,6 +96,7 @@ class Module:
         return self.train(False)
 
     def __call__(self, *args, **kwargs):
+        self.traced_by()
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as _np
 
 from ..graph.core import Array
+from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
 from ._base import as_array, cast
 from ._elementwise import *  # noqa: F403  (every op wrapper; its __all__ lists them)
@@ -80,3 +81,12 @@ def _install_operators(cls):
 _install_operators(Array)
 
 __all__ = [n for n in dir() if not n.startswith("_")]
+
+# NumPy functions on Arrays and Variables refuse, naming the function here of the same name; the
+# ufuncs NumPy's operators call (``ndarray * x`` is np.multiply(ndarray, x)) get the op instead.
+_register_op_namespace(
+    [n for n in __all__ if callable(globals()[n]) and not isinstance(globals()[n], type)],
+    {_np.add: add, _np.subtract: subtract, _np.multiply: multiply, _np.divide: divide,
+     _np.power: power, _np.matmul: matmul, _np.floor_divide: floor_divide, _np.less: less,
+     _np.less_equal: less_equal, _np.greater: greater, _np.greater_equal: greater_equal,
+     _np.equal: equal, _np.not_equal: not_equal})

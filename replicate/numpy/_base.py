@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ReplicateError
+from ..errors import DTypeError, ReplicateError
 from ..graph.core import Array, bind, concrete
 from ..graph.primitives import is_float
 
@@ -24,8 +24,8 @@ def as_array(x, dtype=None) -> Array:
         except (TypeError, ValueError, OverflowError) as e:
             raise ReplicateError(f"cannot make an array from {type(x).__name__}: {e}") from None
         if value.dtype.kind in "cOUSVMm":  # complex, objects, strings, records, dates
-            raise ReplicateError(f"cannot make an array from {type(x).__name__} of dtype "
-                                 f"{value.dtype}: the dtypes are bool, integers and floats")
+            raise DTypeError(f"cannot make an array from {type(x).__name__} of dtype "
+                             f"{value.dtype}: the dtypes are bool, integers and floats")
         return concrete(value)
     raise ReplicateError(f"expected an array or number, got {type(x).__name__}")
 
@@ -74,7 +74,7 @@ def cast(x, dtype) -> Array:
     try:
         dtype = np.dtype(dtype)
     except Exception:  # noqa: BLE001 - NumPy says TypeError, or SyntaxError for ","
-        raise ReplicateError(f"cast: {dtype!r} is not a dtype") from None
+        raise DTypeError(f"cast: {dtype!r} is not a dtype") from None
     if x.dtype == dtype:
         return x
     return bind("cast", x, dtype=dtype)

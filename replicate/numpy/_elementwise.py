@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, promote
 
@@ -67,7 +67,7 @@ def power(a, b):
     """
     a, b = promote(a, b)
     if np.issubdtype(b.dtype, np.integer) and not b.symbolic and b.size and b.value.min() < 0:
-        raise ShapeError("integers to negative integer powers are not allowed (as in NumPy); "
+        raise DTypeError("integers to negative integer powers are not allowed (as in NumPy); "
                          "raise floats instead")
     return bind("pow", a, b)
 
@@ -75,7 +75,7 @@ def power(a, b):
 def floor_divide(a, b):
     a, b = promote(a, b)
     if np.issubdtype(a.dtype, np.floating):
-        raise ShapeError("floor_divide of floats is not a primitive; use rnp.divide (and "
+        raise DTypeError("floor_divide of floats is not a primitive; use rnp.divide (and "
                          "rnp.floor of the result, when there is one)")
     return bind("div", a, b)
 

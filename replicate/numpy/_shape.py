@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ReplicateError, ShapeError
+from ..errors import DTypeError, ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array, cast, norm_axes, promote, static_axis
 from ._elementwise import equal
@@ -240,7 +240,7 @@ def getitem(x, key):
             elif np.issubdtype(arr.dtype, np.integer):
                 parts = [arr]
             else:
-                raise ReplicateError(f"index arrays must be integers, got {arr.dtype}")
+                raise DTypeError(f"index arrays must be integers, got {arr.dtype}")
             for part in parts:
                 spec.append(("array", len(arrays)))
                 arrays.append(part)

@@ -13,6 +13,8 @@ draws fresh numbers on every call.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..errors import ReplicateError
@@ -82,20 +84,66 @@ def categorical(k, logits, axis=-1):
     return argmax(logits + gumbel, axis=axis)
 
 
+# Default seeds: the n-th Generator created without a seed in this process (since the last
+# ``seed(base)``) takes ``key(_mix64(_mix64(_DEFAULT_TAG ^ base) + n))``: distinct for every n
+# (_mix64 is a bijection of 64-bit integers, as ``key`` is) and, being a scrambled 64-bit number,
+# in practice never the seed a user writes. Plain integers, no ops: a Generator may be built
+# while a step is traced.
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_DEFAULT_TAG = 0xD1B54A32D192ED03
+_default_base = 0
+_default_count = itertools.count()
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
+    z = (z + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def seed(base: int = 0) -> None:
+    """Restart the default seeds from ``base``: the Generators (and ``rp.nn.Dropout`` layers)
+    created afterwards without an explicit seed take, in creation order, the same streams as
+    after any other ``seed(base)`` with this ``base``. For a process that builds its model more
+    than once (a notebook cell run again, a test); a program run from its start needs no call."""
+    global _default_base, _default_count
+    _default_base = int(base) & _MASK64
+    _default_count = itertools.count()
+
+
+def default_seed() -> int:
+    """The seed of the next Generator created without one (advances the creation count)."""
+    return _mix64((_mix64(_DEFAULT_TAG ^ _default_base) + next(_default_count)) & _MASK64)
+
+
 class Generator:
     """A stream of random numbers whose key lives in a ``Variable`` (traced in graph mode).
+
+    ``seed``: an integer gives the same stream every time (equal seeds, equal streams). ``None``
+    (the default) gives every Generator its own stream: the n-th Generator created in the
+    process without a seed takes the n-th default seed (``self.seed`` tells which). That is
+    deterministic: the same program creates its generators in the same order on every rank and
+    in every run, so runs are reproducible and the ranks agree (each replica then folds in its
+    id when it draws). No two default Generators share a stream, nor (in practice) a default and
+    an explicitly seeded one. ``rnp.random.seed(base)`` restarts the count.
 
     >>> import replicate.numpy as rnp
     >>> g = rnp.random.Generator(seed=1)
     >>> a, b = g.normal((2,)), g.normal((2,))
     >>> bool((a.numpy() != b.numpy()).all())
     True
+    >>> g1, g2 = rnp.random.Generator(), rnp.random.Generator()  # two streams, not one
+    >>> g1.uniform((3,)).tolist() != g2.uniform((3,)).tolist()
+    True
     """
 
-    def __init__(self, seed: int = 0, name: str = "rng"):
+    def __init__(self, seed: int | None = None, name: str = "rng"):
         from ..state import Variable  # state sits above the op namespace (it installs its ops)
 
-        self.state = Variable(key(seed).numpy(), name=name)
+        self.seed = default_seed() if seed is None else int(seed)
+        self.state = Variable(key(self.seed).numpy(), name=name)
 
     def next_key(self):
         """A fresh key; advances the generator's state."""

@@ -1,8 +1,10 @@
 """Checkpoints: variables, step and metadata in a ``.npz`` that NumPy alone can read.
 
 Written atomically by rank 0 (temporary file in the same folder, fsync, rename), so a crash mid-
-write never leaves a half-written checkpoint under the final name. On restore rank 0 reads the file
-and broadcasts it, so every rank ends in the same state even without a shared file system.
+write never leaves a half-written checkpoint under the final name; ``save`` returns on every rank
+only once the file is in place (a rank may read it straight away), and a failed write is the same
+``CheckpointError`` naming the path on every rank. On restore rank 0 reads the file and broadcasts
+it, so every rank ends in the same state even without a shared file system.
 
 Each array's SHA-256 (of its dtype, shape and bytes) is stored in the ``info`` entry; ``load``
 checks them, so a truncated or corrupted file is a ``CheckpointError``, never silently wrong
@@ -34,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import CheckpointError, ReplicateError
+from ..errors import CheckpointError, ReplicateError, class_name, error_of_class
 from ..state import Variable
 from .comm import world
 
@@ -72,10 +74,36 @@ def _umask() -> int:
 
 
 def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -> None:
-    """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``."""
+    """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``.
+
+    Call it on every rank: rank 0 writes once every rank has come here (none still reads what an
+    earlier save left under this name), and every rank returns once the file is in place under
+    its final name (so any rank may read it at once), or raises the same ``CheckpointError``
+    naming ``path`` when the write failed."""
     comm = comm or world()
-    if comm.rank != 0:
-        return
+    if comm.size > 1:
+        comm.allgather_obj(None)  # (MPI's bcast may return on rank 0 before the others receive)
+    error = None
+    if comm.rank == 0:
+        try:
+            _write(path, state, step, meta)
+        except ReplicateError as e:  # (state is not a nest of Variables, ...)
+            error = e
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            error = CheckpointError(f"cannot write checkpoint {path!r}: {type(e).__name__}: {e}")
+            error.__cause__ = e
+    if comm.size > 1:  # every rank waits for the writer's verdict: (error class, message) or None
+        verdict = comm.bcast_obj(None if error is None else (class_name(error), str(error)), 0)
+        if comm.rank != 0 and verdict is not None:
+            error = error_of_class(*verdict)
+    if error is not None:
+        error.consistent = True  # every rank raises it
+        raise error
+
+
+def _write(path, state, step, meta) -> None:
+    """Rank 0's part of ``save``: a temporary file in the same folder, fsync, rename, fsync of the
+    folder."""
     arrays = {f"var/{name}": np.asarray(var.value) for name, var in named_variables(state).items()}
     info = {"step": int(step), "meta": meta or {}, "format": 2,
             "sha256": {key: digest(value) for key, value in arrays.items()}}

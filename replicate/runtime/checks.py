@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import tree
 from ..errors import InputError, function_location
+from ..graph.aval import AVal
 from ..graph.core import Array
 
 _BAD_KINDS = "OUSVMm"  # object, str, bytes, void, datetime, timedelta
@@ -98,6 +99,27 @@ def warn_many_signatures(count: int, step: int) -> None:
                       f"shapes or dtypes) by step {step}; each compiles anew and stays cached. "
                       "Give batches constant shapes (rp.shard_batches(remainder='drop' or 'pad'))",
                       stacklevel=4)
+
+
+def aval_of(x) -> AVal:
+    x = np.asarray(x)
+    return AVal(tuple(x.shape), x.dtype)
+
+
+def describe_batches(batches, now: bool, compiled_at: int, input_fn):
+    """(this rank's batch signature, when its step was compiled, where input_fn is): named
+    when the ranks' schedules differ at a step where their batches differ too."""
+    texts = []
+    for b in batches:
+        leaves, treedef = tree.flatten(b)
+        paths = leaf_paths(treedef) if len(leaves) > 1 else [""]
+        texts.append(", ".join(f"batch{p} {aval_of(x)}" for p, x in zip(paths, leaves)))
+    if len(set(texts)) == 1:
+        text = texts[0] + (" on every replica" if len(texts) > 1 else "")
+    else:
+        text = "; ".join(f"replica {r}: {t}" for r, t in enumerate(texts))
+    when = "compiled for it now" if now else f"its step was compiled at step {compiled_at}"
+    return text, when, f"input_fn {function_location(input_fn)}"
 
 
 def checked_step_fn(step_fn):

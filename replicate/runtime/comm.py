@@ -15,6 +15,7 @@ whatever the buffer's size or how it is cut into buckets, so a run is reproducib
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ from threading import get_ident
 from time import monotonic
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from . import watchdog
 from .watchdog import TRACKER, Call
@@ -248,27 +250,71 @@ def world():
             if comm.size > 1:
                 _world = comm
                 _abort_on_uncaught_exception(comm)
-                limit_blas_threads()
+                limit_blas_threads(comm.size)
                 watchdog.start(comm)
     return _world
 
 
-def limit_blas_threads():
-    """Give each process on a machine its share of the cores for BLAS (unless the user chose).
+# The variables each BLAS reads for its thread count (its own first, then OpenMP's): a library is
+# left as the user set it only when one of *its* variables is set (OpenBLAS ignores
+# MKL_NUM_THREADS, so ``MKL_NUM_THREADS=1`` must not stop NumPy's OpenBLAS being limited).
+BLAS_THREAD_VARIABLES = {
+    "openblas": ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_DEFAULT_NUM_THREADS",
+                 "OMP_NUM_THREADS"),
+    "mkl": ("MKL_NUM_THREADS", "MKL_DOMAIN_NUM_THREADS", "OMP_NUM_THREADS"),
+    "blis": ("BLIS_NUM_THREADS", "BLIS_JC_NT", "BLIS_PC_NT", "BLIS_IC_NT", "BLIS_JR_NT",
+             "BLIS_IR_NT", "OMP_NUM_THREADS"),
+}
+_OTHER_BLAS = ("OMP_NUM_THREADS",)  # a BLAS threadpoolctl knows but this table does not
+
+
+def _chosen(value) -> bool:
+    """A thread-count variable the library reads: it starts with a positive integer (an empty
+    or zero value is ignored by the libraries, so it is no choice)."""
+    digits = re.match(r"\s*(\d+)", value or "")
+    return bool(digits) and int(digits.group(1)) > 0
+
+
+def blas_thread_limits(info: list[dict], environ, share: int) -> dict[str, int]:
+    """{filepath: threads} for each loaded BLAS to limit to this process's ``share`` of the cores.
+
+    ``info``: ``threadpoolctl.threadpool_info()``; a BLAS (``user_api == "blas"``) is left alone
+    when a variable it reads (``BLAS_THREAD_VARIABLES``) is set in ``environ``, or when it already
+    uses at most ``share`` threads; OpenMP runtimes (``user_api == "openmp"``) are left alone.
+
+    >>> lib = {"user_api": "blas", "internal_api": "openblas", "filepath": "o.so", "num_threads": 8}
+    >>> blas_thread_limits([lib], {"MKL_NUM_THREADS": "1"}, 2)
+    {'o.so': 2}
+    >>> blas_thread_limits([lib], {"OMP_NUM_THREADS": "8"}, 2)
+    {}
+    """
+    share = max(1, int(share))
+    limits = {}
+    for lib in info:
+        if lib.get("user_api") != "blas":
+            continue
+        variables = BLAS_THREAD_VARIABLES.get(lib.get("internal_api"), _OTHER_BLAS)
+        if any(_chosen(environ.get(v)) for v in variables):
+            continue
+        if (lib.get("num_threads") or 0) > share:
+            limits[lib["filepath"]] = share
+    return limits
+
+
+def limit_blas_threads(size: int | None = None) -> dict[str, int]:
+    """Give each process on a machine its share of the cores for each BLAS the user left unset.
 
     Several processes each running a BLAS with one thread per core oversubscribe the machine and
     can run tens of times slower; ``replicate.launch`` sets the environment, and this catches a
-    plain ``mpiexec`` start where NumPy was already imported.
+    plain ``mpiexec`` start where NumPy was already imported. Each loaded BLAS is judged on its own
+    (``blas_thread_limits``). Returns the limits applied ({filepath: threads}).
     """
-    if any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")):
-        return
-    local = int(os.environ.get("MPI_LOCALNRANKS", "0")) or _world.size
-    threads = max(1, (os.cpu_count() or 1) // local)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return
-    threadpool_limits(limits=threads, user_api="blas")
+    local = int(os.environ.get("MPI_LOCALNRANKS", "0") or 0) or size or world().size
+    share = max(1, (os.cpu_count() or 1) // local)
+    limits = blas_thread_limits(threadpool_info(), os.environ, share)
+    if limits:
+        threadpool_limits(limits=limits)
+    return limits
 
 
 def _abort_on_uncaught_exception(comm):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError, source_line, user_frame
+from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
@@ -34,7 +34,7 @@ def _eager(kind, x, num_replicas, attrs):
     rank's call and line, never a hang, a misread message or a silently wrong result."""
     comm = world()
     if num_replicas != comm.size:
-        raise ShapeError(f"eager collectives need one replica per process: {num_replicas} "
+        raise ReplicaContextError(f"eager collectives need one replica per process: {num_replicas} "
                          f"replicas on {comm.size} processes")
     if comm.size > 1:
         args = ", ".join(f"{k}={attrs[k]!r}" for k in _ARGS[kind])

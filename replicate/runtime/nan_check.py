@@ -1,13 +1,18 @@
-"""``Replicator(check_finite=True)``: stop at the first step whose outputs hold NaN or Inf.
+"""``Replicator(check_finite=True)``: stop at the first step that produces NaN or Inf.
 
-The outputs are checked after each step (they are already reduced over every replica, so every
-rank sees the same verdict and raises the same ``NonFiniteError``, before any callback — no
-checkpoint of the broken state is written). In graph mode the step is then run again node by node
-with the NumPy reference implementations on the same inputs, and the error names the first node
-whose value is not finite although its inputs are — its op and the user's source line.
+After each step, before its variable updates are written, the outputs (already reduced over
+every replica) and the variables' new values are checked; each rank's verdict on its updates
+travels with the outputs (one exchange, no extra message), so every rank raises the same
+``NonFiniteError`` and no rank writes the update: the variables keep their last finite values,
+and no callback — no checkpoint — sees the broken step. In graph mode the step is then run
+again node by node with the NumPy reference implementations on the same inputs, and the error
+names the first node whose value is not finite although its inputs are — its op and the user's
+source line.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -35,6 +40,40 @@ def non_finite_outputs(outputs) -> list[str]:
     leaves, treedef = tree.flatten(outputs)
     return [f"output{path}: {problem}" for leaf, path in zip(leaves, leaf_paths(treedef))
             if (problem := _bad(leaf))]
+
+
+class WriteJournal:
+    """Eager mode: the values a step overwrote (``Variable``'s write hook calls ``remember``),
+    so a step found non-finite can be taken back whole."""
+
+    def __init__(self):
+        self.old: dict[int, tuple] = {}
+
+    def clear(self) -> None:
+        self.old.clear()
+
+    def remember(self, var) -> None:
+        self.old.setdefault(id(var), (var, var.value))
+
+    def updates(self) -> list:
+        """``(variable, new value)`` of every variable written since ``clear``."""
+        return [(var, var.value) for var, _ in self.old.values()]
+
+    @contextlib.contextmanager
+    def undo_on_error(self):
+        try:
+            yield
+        except BaseException:
+            for var, old in self.old.values():
+                var.load(old)
+            self.old.clear()
+            raise
+
+
+def non_finite_updates(updates) -> list[str]:
+    """``updates``: ``(variable, new value)`` pairs; a line per variable that is not finite."""
+    return [f"variable {var.name!r} (this step's update, not written): {problem}"
+            for var, value in updates if (problem := _bad(value))]
 
 
 def first_non_finite_node(graph, inputs):
@@ -69,13 +108,19 @@ def first_non_finite_node(graph, inputs):
     return found
 
 
-def check(rep, outputs, step) -> None:
-    """Raise ``NonFiniteError`` (on every rank alike) if the reduced outputs are not finite."""
-    bad = non_finite_outputs(outputs)
-    if not bad:
+def check(rep, outputs, step, updates=(), flags=None) -> None:
+    """Raise ``NonFiniteError`` (on every rank alike) if the reduced outputs, or any rank's
+    variable updates, are not finite. ``updates``: this rank's findings
+    (``non_finite_updates``); ``flags``: per rank, whether it found any."""
+    bad = non_finite_outputs(outputs) + list(updates)
+    ranks = [] if flags is None else [r for r, f in enumerate(flags) if f and r != rep.rank]
+    if not bad and not ranks:
         return
-    lines = [f"step {step}: step_fn returned non-finite values (check_finite=True):"]
+    lines = [f"step {step}: non-finite values (check_finite=True); the variables keep their "
+             "values from before this step:"]
     lines += [f"  {b}" for b in bad]
+    if ranks:
+        lines.append(f"  rank(s) {ranks} found non-finite values in their variable updates")
     last = getattr(rep, "_last_step", None)
     if rep.mode == "graph" and last is not None:
         graph, inputs = last

@@ -26,21 +26,23 @@ from ..function import as_options, check_mode, to_numpy
 from ..graph.aval import AVal
 from ..graph.trace import signature
 from ..numpy import as_array
-from ..step import batch_leaves, gather_outputs
-from . import nan_check, watchdog
+from ..step import StepCache, batch_leaves, gather_outputs
+from . import nan_check, sync_check, watchdog
 from .agree import OUTPUTS, STEP, SYNC, agree, digest
 from .callbacks import MetricsLog, Progress
 from .checkpoint import restore as restore_checkpoint
-from .checks import BatchChecker, checked_step_fn, leaf_paths, warn_many_signatures
+from .checks import (
+    BatchChecker,
+    aval_of,
+    checked_step_fn,
+    describe_batches,
+    warn_many_signatures,
+)
 from .comm import world
 from .schedule import Schedules
 
-OUTPUT_REDUCTIONS = ("mean", "sum", "per_replica")
-
-
-def _aval(x):
-    x = np.asarray(x)
-    return AVal(tuple(x.shape), x.dtype)
+OUTPUT_REDUCTIONS = {"mean": lambda a: a.mean(0), "sum": lambda a: a.sum(0),
+                     "per_replica": lambda a: a}  # of (R, ...) per output leaf
 
 
 class Replicator:
@@ -59,7 +61,11 @@ class Replicator:
     (define-by-run: ops run at once, collectives call MPI at once; one replica per process).
 
     Failure handling: ``check_finite=True`` raises ``rp.NonFiniteError`` at the first step whose
-    outputs hold NaN or Inf (graph mode names the op that produced it); ``collective_timeout``
+    outputs or variable updates hold NaN or Inf, before the update is written (graph mode names
+    the op that produced it); ``check_sync`` compares the ranks' copies of the variables at
+    every checkpoint and at the end of ``run`` (``True``, the default), also every N steps (an
+    int N), or never (``False``), and raises ``rp.DivergenceError`` naming the first variable
+    that differs; ``collective_timeout``
     (seconds; default ``$REPLICATE_COLLECTIVE_TIMEOUT`` or 300; 0: none) is how long a
     cross-process call may wait before the job is aborted with a report of the missing ranks.
 
@@ -78,16 +84,22 @@ class Replicator:
 
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
                  replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
-                 check_finite: bool = False, collective_timeout: float | None = None):
+                 check_finite: bool = False, check_sync: bool | int = True,
+                 collective_timeout: float | None = None):
         if not callable(input_fn) or not callable(step_fn):
             raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
         if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
             raise ReplicateError(f"replicas_per_rank must be a positive int, got "
                                  f"{replicas_per_rank!r}")
         if outputs not in OUTPUT_REDUCTIONS:
-            raise ReplicateError(f"outputs must be one of {OUTPUT_REDUCTIONS}, got {outputs!r}")
+            raise ReplicateError(f"outputs must be one of {tuple(OUTPUT_REDUCTIONS)}, got "
+                                 f"{outputs!r}")
         if not isinstance(check_finite, (bool, np.bool_)):
             raise ReplicateError(f"check_finite must be True or False, got {check_finite!r}")
+        if not isinstance(check_sync, (bool, np.bool_)) and not (
+                isinstance(check_sync, (int, np.integer)) and check_sync > 0):
+            raise ReplicateError(f"check_sync must be True, False or a number of steps > 0, got "
+                                 f"{check_sync!r}")
         if collective_timeout is not None:
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
         self.mode = check_mode(mode)
@@ -102,6 +114,8 @@ class Replicator:
         self.k = int(replicas_per_rank)
         self.outputs = outputs
         self.check_finite = bool(check_finite)
+        self.check_sync = (bool(check_sync) if isinstance(check_sync, (bool, np.bool_))
+                           else int(check_sync))
         self._check_batches = BatchChecker(input_fn)
         self.comm = comm or world()
         if collective_timeout is not None:
@@ -110,13 +124,14 @@ class Replicator:
         self.num_replicas = self.k * self.num_ranks
         self.contexts = [ReplicaContext(self.rank * self.k + r, self.num_replicas, self.rank,
                                         self.num_ranks, r, self.k) for r in range(self.k)]
-        self.cache: dict = {}
+        self.cache = StepCache()
         self.trace_count = 0
         self.step = 0
         self._iterators = None
-        self._synced: set[int] = set()
+        self._synced: dict[int, object] = {}  # the variables the steps use, by id
         self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
-        self._step_key = None  # graph mode: this step's cache key
+        self._step_entry = None  # graph mode: (this step's signature, its compiled step or None)
+        self._journal = nan_check.WriteJournal()  # eager + check_finite: values before a step
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
@@ -146,13 +161,17 @@ class Replicator:
                     break
                 watchdog.set_step(self.step + 1, "step")
                 outputs = self._run_step(batches)
-                if self.check_finite:
-                    nan_check.check(self, outputs, self.step + 1)
                 history.append(outputs)
                 self.step += 1
+                if self.check_sync is not True and self.check_sync \
+                        and self.step % self.check_sync == 0:
+                    self.verify_sync(f"every {self.check_sync} steps (check_sync)")
                 watchdog.set_step(self.step, "callbacks")
                 for cb in callbacks:
                     cb(self, self.step, outputs)
+            if self.check_sync is not False:
+                watchdog.set_step(self.step, "the end of run")
+                self.verify_sync("at the end of run")
         except (CollectiveMismatchError, ReplicateError) as e:
             at_user_line(e)
             if getattr(e, "consistent", False) or self.num_ranks == 1:
@@ -182,6 +201,22 @@ class Replicator:
         self._synced.clear()
         return self.step
 
+    def variables(self) -> list:
+        """The variables the steps run so far read or write (one copy on every rank)."""
+        found = {}
+        for step in self.cache.values():
+            for var in step.graph.meta.variables:
+                found.setdefault(id(var), var)
+        for vid, var in self._synced.items():
+            found.setdefault(vid, var)
+        return list(found.values())
+
+    def verify_sync(self, when: str = "on request") -> None:
+        """Compare the ranks' copies of the step's variables (a fingerprint each, one small
+        exchange); raise ``rp.DivergenceError`` on every rank naming the first that differs.
+        Call it on every rank alike (``run`` calls it itself, see ``check_sync``)."""
+        sync_check.verify(self.comm, self.variables(), self.step, when)
+
     def _abort(self):
         """One rank failed: print its traceback (the user's frames) with its rank and step, and
         end the whole job (the other ranks would wait for this one forever)."""
@@ -210,8 +245,10 @@ class Replicator:
         have = sum(b is not None for b in batches)
         fp = 0
         if self.mode == "graph" and have == self.k:
-            self._step_key = tuple(signature(b) for b in batches)
-            fp = self._schedules.fingerprint(self._step_key)
+            sig = tuple(signature(b) for b in batches)
+            step = self.cache.find(sig)  # None: not compiled, or its trace's state changed
+            self._step_entry = (sig, step)
+            fp = self._schedules.fingerprint(step.key) if step is not None else 0
         if self.num_ranks == 1:
             counts = [have]
         else:
@@ -232,28 +269,48 @@ class Replicator:
                 f"Replicator.run at {source_line(user_frame())}")
 
     def _run_step(self, batches):
+        """Run the step, gather its outputs; with ``check_finite`` check the outputs and the
+        variables' new values (every rank's verdict travels with the outputs, so every rank
+        raises alike) before the new values are written — a step that goes non-finite leaves
+        the variables as they were, and no checkpoint of it is taken."""
         if self.mode == "eager":
-            results = [self._eager_step(batches[0])]
+            with self._journal.undo_on_error():  # (it journals only with check_finite)
+                results = [self._eager_step(batches[0])]
+            commit, updates = None, self._journal.updates()
         else:
-            results = self._graph_step(batches)
-        return self._reduce_outputs(results)
+            step, (results, values) = self._graph_step(batches)
+            commit, updates = (lambda: step.commit(values)), step.updates(values)
+        if self.check_finite:
+            bad = nan_check.non_finite_updates(updates)
+            outputs, flags = self._reduce_outputs(results, flag=bool(bad))
+            with self._journal.undo_on_error():
+                nan_check.check(self, outputs, self.step + 1, bad, flags)
+        else:
+            outputs = self._reduce_outputs(results)
+        if commit is not None:
+            commit()
+        return outputs
 
     # -- eager ----------------------------------------------------------------------------------
     def _eager_step(self, batch):
-        previous = state.eager_read_hook
+        previous = state.eager_read_hook, state.eager_write_hook
         state.eager_read_hook = self._sync_variable
+        state.eager_write_hook = self._journal.remember if self.check_finite else None
+        self._journal.clear()
         try:
             with replica_scope(self.contexts[0]):
                 out = self.step_fn(tree.tree_map(as_array, batch))
         finally:
-            state.eager_read_hook = previous
+            state.eager_read_hook, state.eager_write_hook = previous
         leaves, treedef = tree.flatten(out)
         self._out_tree = treedef
         return [to_numpy(x) for x in leaves]
 
     def _sync_variable(self, var):
         if id(var) not in self._synced:
-            self._synced.add(id(var))
+            self._synced[id(var)] = var
+            if var.local:  # each process's own: not broadcast, not compared
+                return
             if self.num_ranks > 1:
                 what = f"{var.name!r} ({AVal(var.value.shape, var.value.dtype)})"
                 agree(self.comm, SYNC, digest(what), describe=lambda: (
@@ -263,48 +320,41 @@ class Replicator:
 
     # -- graph ----------------------------------------------------------------------------------
     def _graph_step(self, batches):
-        key = self._step_key
-        step = self.cache.get(key)
+        """Run the compiled step (compiling it first if needed): ``(step, (results, new
+        values))`` — the new values are written by ``step.commit``."""
+        signature, step = self._step_entry
         if step is None:
-            step = self.cache[key] = self._compile(batches, key)
+            step = self._compile(batches, signature)
             warn_many_signatures(len(self.cache), self.step + 1)
         else:  # another rank compiles now, or runs another compiled step: compare schedules
-            self._schedules.reused(key, lambda at: self._describe_batches(batches, at))
+            self._schedules.reused(step.key, lambda at: self._describe_batches(batches, at))
         for var in step.graph.meta.variables:
             self._sync_variable(var)
-        results = step(batch_leaves(batches), keep_inputs=self.check_finite)
+        ran = step.run(batch_leaves(batches), keep_inputs=self.check_finite)
         if self.check_finite:  # the NaN finder re-runs this step's graph on these inputs
             self._last_step = (step.graph, step.last_inputs)
         self._out_tree = step.graph.meta.out_tree
-        return results
+        return step, ran
 
-    def _compile(self, batches, key):
+    def _compile(self, batches, signature):
+        """Trace and compile the step for this signature (and the Python state its trace reads:
+        a module's train/eval flag); every rank compares what it will exchange."""
         self.trace_count += 1
-        step, error = None, None
+        step, error, key = None, None, None
         try:
             step = compile_step(self.step_fn, batches, self.contexts, backend=self.backend,
                                 options=self.options, num_ranks=self.num_ranks, rank=self.rank)
         except ReplicateError as e:
             error = e
+        if step is not None:
+            key = self.cache.add(signature, step)
         self._schedules.compiled(key, step.schedule if step else [], error,
                                  self._describe_batches(batches, self.step + 1), self.step + 1)
         return step
 
     def _describe_batches(self, batches, compiled_at):
-        """(this rank's batch signature, when its step was compiled, where input_fn is): named
-        when the ranks' schedules differ at a step where their batches differ too."""
-        texts = []
-        for b in batches:
-            leaves, treedef = tree.flatten(b)
-            paths = leaf_paths(treedef) if len(leaves) > 1 else [""]
-            texts.append(", ".join(f"batch{p} {_aval(x)}" for p, x in zip(paths, leaves)))
-        if len(set(texts)) == 1:
-            text = texts[0] + (" on every replica" if len(texts) > 1 else "")
-        else:
-            text = "; ".join(f"replica {r}: {t}" for r, t in enumerate(texts))
-        when = ("compiled for it now" if compiled_at == self.step + 1 else
-                f"its step was compiled at step {compiled_at}")
-        return text, when, f"input_fn {function_location(self.input_fn)}"
+        return describe_batches(batches, compiled_at == self.step + 1, compiled_at,
+                                self.input_fn)
 
     def compiled_graph(self):
         """The most recently compiled step graph (for inspection and printing)."""
@@ -321,23 +371,22 @@ class Replicator:
         return list(self.cache.values())[-1]
 
     # -- outputs --------------------------------------------------------------------------------
-    def _reduce_outputs(self, results):
+    def _reduce_outputs(self, results, flag=None):
         """results: per local replica, a list of leaves -> one nest reduced over all replicas.
+        With ``flag`` (a bool of this rank's), also every rank's flag: ``(outputs, flags)``,
+        the flags carried in the same exchange.
 
         Eager mode first agrees on what is gathered (a tagged exchange): a rank still in a
         collective that the others do not call meets it as a mismatch. (Graph mode compared
         the outputs with the collective schedule when it compiled the step.)"""
         if self.mode == "eager" and self.num_ranks > 1:
-            what = ", ".join(str(_aval(x)) for x in results[0])
+            what = ", ".join(str(aval_of(x)) for x in results[0])
             agree(self.comm, OUTPUTS, digest(f"{self._out_tree}|{what}"), describe=lambda: (
                 f"the end of step {self.step + 1}: gathering the outputs ({what}) of step_fn "
                 f"{function_location(self.step_fn)}"))
-        reduced = []
-        for everyone in gather_outputs(self.comm, results):  # (R, ...) per leaf, one exchange
-            if self.outputs == "per_replica":
-                reduced.append(everyone)
-            elif self.outputs == "sum":
-                reduced.append(everyone.sum(0))
-            else:
-                reduced.append(everyone.mean(0))
-        return tree.unflatten(self._out_tree, reduced)
+        gathered = gather_outputs(self.comm, results, flag)  # one exchange
+        if flag is not None:
+            gathered, flags = gathered
+        reduced = [OUTPUT_REDUCTIONS[self.outputs](everyone) for everyone in gathered]
+        outputs = tree.unflatten(self._out_tree, reduced)
+        return outputs if flag is None else (outputs, flags)

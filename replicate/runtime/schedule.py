@@ -11,7 +11,7 @@ that step (``Schedules.recheck``) instead of one rank's check meeting another's 
 from __future__ import annotations
 
 from ..compiler import fingerprint
-from ..errors import CollectiveMismatchError, ReplicateError
+from ..errors import CollectiveMismatchError, class_name, error_of_class, innermost_user_line
 
 
 class Schedules:
@@ -50,12 +50,14 @@ def check_schedules(comm, schedule, error, about=None):
 
     ``about``: ``(batch signature, when compiled, input_fn)`` of this rank; the signatures are
     named in the error when the ranks' differ (say, one rank's batches changed shape and it
-    compiled anew)."""
+    compiled anew). A rank whose compile failed raises its ``error``; every other rank raises an
+    error of the same class (``CollectiveMismatchError``, ``ShapeError``, ...) that names it:
+    ``rank R failed to compile the step: <its message>``."""
     if comm.size == 1:
         if error is not None:
             raise error
         return
-    mine = (None if error is None else f"{type(error).__name__}: {error}",
+    mine = (None if error is None else (class_name(error), _with_user_line(error)),
             fingerprint(schedule), schedule, about)
     everyone = comm.allgather_obj(mine)
     # From here on every rank reaches the same verdict from the same data: the errors are
@@ -64,9 +66,9 @@ def check_schedules(comm, schedule, error, about=None):
         error.consistent = True
         raise error
     failed = [(r, e) for r, (e, _, _, _) in enumerate(everyone) if e is not None]
-    if failed:
-        r, msg = failed[0]
-        raise _consistent(ReplicateError(f"rank {r} failed to compile the step: {msg}"))
+    if failed:  # the failing rank's error, with its type (a CollectiveMismatchError stays one)
+        r, (name, msg) = failed[0]
+        raise _consistent(error_of_class(name, f"rank {r} failed to compile the step: {msg}"))
     prints = {fp for _, fp, _, _ in everyone}
     if len(prints) == 1:
         return
@@ -84,6 +86,15 @@ def check_schedules(comm, schedule, error, about=None):
                 f"processes disagree about cross-process collective #{i}:\n{lines}{batches}"))
     raise _consistent(CollectiveMismatchError(
         f"processes disagree about their collective schedule{batches}"))
+
+
+def _with_user_line(error) -> str:
+    """The message of a compile error, naming the user's line where it does not yet (as the
+    failing rank's own report will), for the other ranks' report."""
+    text, where = str(error), innermost_user_line(error.__traceback__)
+    if where and where.split(":")[0] + ":" not in text:
+        text += f"\n  at {where}"
+    return text
 
 
 def _consistent(error):

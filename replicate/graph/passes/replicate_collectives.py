@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import numpy as rnp
-from ...errors import CollectiveMismatchError, ShapeError, source_line
+from ...errors import CollectiveMismatchError, ReplicaContextError, source_line
 from ..core import Graph, bind
 from ..primitives import REGISTRY, RuleTable
 from ..rebuild import Rebuilder
@@ -145,7 +145,7 @@ def _lower_group(nodes, inputs, k, n, rank):
     attrs = {a: v for a, v in node.attrs.items() if a not in ("seq", "replica", "num_replicas")}
     R = node.attrs["num_replicas"]
     if k == 1 and R != n:  # a step outside a Replicator under mpiexec: as eager mode says
-        raise ShapeError(f"collectives need one replica per process: {R} replicas on {n} "
+        raise ReplicaContextError(f"collectives need one replica per process: {R} replicas on {n} "
                          f"processes ({_describe(node)} at {_where(node)})")
     return LOWER[node.prim](_Where(k, n, rank, R), inputs, **attrs)
 
