@@ -408,6 +408,17 @@ def test_mpi_rank_dependent_branch_is_found_at_run_time(mode, tmp_path):
 
 @with_mpi
 @pytest.mark.parametrize("mode", MODES)
+def test_mpi_diverged_state_is_never_checkpointed(mode, tmp_path):
+    ranks, result = run_case("drift_checkpoint", mode, tmp_path)
+    for r in ranks:
+        kind, message = r["error"]
+        assert kind == "DivergenceError", message
+        assert message.startswith("step 2, before writing checkpoint"), message
+    assert os.listdir(tmp_path / "ckpt") == []
+
+
+@with_mpi
+@pytest.mark.parametrize("mode", MODES)
 def test_mpi_local_variable_is_each_process_own(mode, tmp_path):
     ranks, _ = run_case("local_variable", mode, tmp_path)
     assert all(r["error"] is None for r in ranks)

@@ -69,7 +69,8 @@ class Checkpoint:
             self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
                             if s < step]
         path = self.pattern.format(step=step)
-        checkpoint.save(path, self.state, step=step, comm=rep.comm)
+        checkpoint.save(path, self.state, step=step, comm=rep.comm,
+                        verify=getattr(rep, "check_sync", True) is not False)
         if rep.rank == 0:
             if path in self.written:  # a fixed name ("last.npz") was just overwritten: keep it
                 self.written.remove(path)

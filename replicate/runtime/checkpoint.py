@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import CheckpointError, ReplicateError, class_name, error_of_class
 from ..state import Variable
+from . import sync_check
 from .comm import world
 
 
@@ -73,16 +74,27 @@ def _umask() -> int:
     return mask
 
 
-def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None) -> None:
+def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
+         verify: bool = True) -> None:
     """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``.
 
     Call it on every rank: rank 0 writes once every rank has come here (none still reads what an
     earlier save left under this name), and every rank returns once the file is in place under
     its final name (so any rank may read it at once), or raises the same ``CheckpointError``
-    naming ``path`` when the write failed."""
+    naming ``path`` when the write failed. With ``verify`` (the default) the ranks first compare
+    their copies of the state's variables (``runtime/sync_check.py``): if they differ, every rank
+    raises ``rp.DivergenceError`` and nothing is written — a checkpoint holds one value that
+    every rank had, never rank 0's copy of diverged state."""
     comm = comm or world()
-    if comm.size > 1:
-        comm.allgather_obj(None)  # (MPI's bcast may return on rank 0 before the others receive)
+    if comm.size > 1:  # (MPI's bcast may return on rank 0 before the others receive)
+        if verify:
+            try:
+                variables = list(named_variables(state).values())
+            except ReplicateError:  # not a nest of Variables: rank 0's write says so, below
+                variables = []
+            sync_check.verify(comm, variables, step, f"before writing checkpoint {path!r}")
+        else:
+            comm.allgather_obj(None)
     error = None
     if comm.rank == 0:
         try:

@@ -5,8 +5,9 @@ applies the same update each step, so the copies stay identical — unless the s
 variable from data that was never combined across ranks (say, an optimiser without
 ``rp.wrap_optimizer``). Graph mode refuses such a step when it compiles (the divergence check,
 ``replicate.compiler.check_divergence``); what no compiler can see (a Python branch on the rank,
-eager mode, a NumPy call on the host) is found here: a fingerprint per variable (CRC-32 of its
-bytes, with its shape and dtype) is exchanged — one small object per rank — and compared.
+eager mode, a NumPy call on the host) is found here: a fingerprint per variable (sums of its
+bytes as 64-bit words, with its shape and dtype) is exchanged — one small object per rank — and
+compared.
 
 When: at every checkpoint (before it is written: a checkpoint never holds one rank's copy of
 diverged state), at the end of ``Replicator.run``, and every N steps with
@@ -23,12 +24,19 @@ import numpy as np
 from ..errors import DivergenceError
 
 
-def fingerprint(value) -> int:
-    """CRC-32 of the bytes, combined with the shape and dtype: equal values give equal
-    fingerprints on every rank (NaN included: the bytes are compared, not the numbers)."""
+def fingerprint(value) -> tuple:
+    """Equal values give equal fingerprints on every rank (NaN included: the bytes are compared,
+    not the numbers): the wrapping sum and the XOR of the bytes as 64-bit words (memory speed,
+    about 0.5 ms for 20 MiB), with a CRC-32 of the shape, the dtype and the last bytes."""
     a = np.ascontiguousarray(value)
-    head = zlib.crc32(f"{a.dtype.str}{a.shape}".encode())
-    return (head << 32) | zlib.crc32(memoryview(a).cast("B")) if a.size else head << 32
+    raw = a.reshape(-1).view(np.uint8)
+    whole = raw.size - raw.size % 8
+    words = raw[:whole].view(np.uint64)
+    with np.errstate(over="ignore"):
+        total = int(words.sum(dtype=np.uint64)) if whole else 0
+    mixed = int(np.bitwise_xor.reduce(words)) if whole else 0
+    return total, mixed, zlib.crc32(raw[whole:].tobytes(), zlib.crc32(
+        f"{a.dtype.str}{a.shape}".encode()))
 
 
 def shared(variables) -> list:

@@ -66,7 +66,7 @@ def eval_after_compile(mode):
     return {"train": train, "eval": evaluation, "trace_count": rep.trace_count}
 
 
-def drift(mode, branch=False):
+def drift(mode, branch=False, checkpoint_dir=None):
     """Training without rp.wrap_optimizer: each rank would update w from its own gradients."""
     w = rp.Variable(np.zeros(3, np.float32), name="w")
     opt = rp.optim.SGD([w], lr=0.1)
@@ -87,7 +87,15 @@ def drift(mode, branch=False):
         return {"loss": loss}
 
     rep = rp.Replicator(regression_batches, step_fn if branch else step_no_reduce, mode=mode)
-    rep.run(3)
+    callbacks = []
+    if checkpoint_dir:
+        pattern = os.path.join(checkpoint_dir, "ckpt-{step}.npz")
+        callbacks.append(rp.callbacks.Checkpoint(pattern, {"w": w}, every=2))
+    try:
+        rep.run(3, callbacks=callbacks)
+    finally:
+        if checkpoint_dir:
+            print("files:", sorted(os.listdir(checkpoint_dir)), flush=True)
     return {"w": w.numpy().tolist()}
 
 
@@ -154,10 +162,12 @@ if __name__ == "__main__":
     rank = world().rank
     result, error = {}, None
     try:
+        ckpt_dir = os.path.join(out_dir, "ckpt")
+        os.makedirs(ckpt_dir, exist_ok=True)
         if case == "nan_update":
-            ckpt_dir = os.path.join(out_dir, "ckpt")
-            os.makedirs(ckpt_dir, exist_ok=True)
             result = nan_update(mode, ckpt_dir)
+        elif case == "drift_checkpoint":
+            result = drift(mode, branch=True, checkpoint_dir=ckpt_dir)
         else:
             result = CASES[case](mode)
     except rp.ReplicateError as e:
