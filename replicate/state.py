@@ -43,7 +43,8 @@ class Variable:
     broadcast on first use, and a step that would update it from per-replica data without a
     collective is refused (``rp.DivergenceError``); the ranks' copies are compared at
     checkpoints and at the end of ``run``. ``local=True`` makes it each process's own instead
-    (not broadcast, not compared): per-process statistics, an actor's own state."""
+    (not broadcast, not compared): per-process statistics, an actor's own state. A checkpoint
+    holds rank 0's copy of a local variable, and ``restore`` gives every rank that copy."""
 
     def __init__(self, value, name: str | None = None, dtype=None, *, local: bool = False):
         self.value = np.array(value.numpy() if isinstance(value, (Array, Variable)) else value,

@@ -283,6 +283,30 @@ def test_one_replica_in_all_has_nothing_to_diverge_from():
     assert np.abs(w.numpy()).sum() > 0
 
 
+# -- 4. a NumPy function on a library value (the rest: tests/test_numpy_functions.py) -------------
+@pytest.mark.parametrize("mode", MODES)
+def test_numpy_function_on_a_library_value_names_the_rnp_equivalent(mode):
+    w = rp.Variable(np.ones((3, 2), np.float32), name="w_np")
+
+    def step(x):
+        h = np.tanh(x @ w)  # MARK numpy-habit
+        return rnp.sum(h)
+
+    with pytest.raises(rp.NumpyConversionError, match="np.tanh") as e:
+        rp.function(step, mode=mode)(np.ones((4, 3), np.float32))
+    assert "rnp.tanh" in str(e.value) and "MARK numpy-habit" in str(e.value)
+
+
+# -- 5. default dropout keys (the rest: tests/test_default_seeds.py) ------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_two_default_dropouts_draw_different_masks(mode):
+    a, b = rp.nn.Dropout(0.5), rp.nn.Dropout(0.5)
+    x = np.ones(64, np.float32)
+    f = rp.function(lambda v: (a(v) == 0, b(v) == 0), mode=mode)
+    mask_a, mask_b = f(x)
+    assert mask_a.any() and mask_b.any() and (mask_a != mask_b).any()
+
+
 # -- 6. integer collectives -----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32, np.bool_])
 @pytest.mark.parametrize("mode", MODES)
