@@ -20,6 +20,7 @@ from .errors import (
     CollectiveMismatchError,
     DivergenceError,
     DTypeError,
+    IndexOutOfRangeError,
     InputError,
     NonFiniteError,
     NumpyConversionError,
@@ -45,5 +46,6 @@ __all__ = [
     "ShapeError", "TracerConversionError", "Variable", "cond", "switch", "function", "grad",
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
-    "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "ReplicaContextError",
+    "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
+    "ReplicaContextError",
 ]

@@ -36,6 +36,11 @@ class DTypeError(ReplicateError, TypeError):
     a dtype that is not bool, integer or float."""
 
 
+class IndexOutOfRangeError(ShapeError, IndexError):
+    """An index array holds an index outside its axis: found when the indices are known (eager
+    mode, constants); in a compiled step NumPy's ``IndexError`` names the op and the line."""
+
+
 class CollectiveMismatchError(ReplicateError):
     """Replicas (or processes) disagree about a collective."""
 
@@ -120,6 +125,17 @@ def source_line(location) -> str:
     code = linecache.getline(path, lineno).strip()
     short = os.path.relpath(path) if not path.startswith("<") else path
     return f"{short}:{lineno}" + (f": {code}" if code else "")
+
+
+def add_note(error: BaseException, text: str) -> None:
+    """Add a line to an exception's report, keeping its type and message (``add_note`` where
+    Python has it: the traceback prints it under the message)."""
+    if hasattr(error, "add_note"):
+        error.add_note(text)
+    elif error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{text}",) + error.args[1:]
+    else:
+        error.args = error.args + (text,)
 
 
 def function_location(fn) -> str:

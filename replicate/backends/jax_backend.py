@@ -27,8 +27,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
-from ..graph.interpret import eval_nodes
+from ..errors import add_note
+from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
 from .base import Executable
@@ -48,6 +50,7 @@ DONATE: bool | None = None
 # Constants up to this size are literals in the compiled code (XLA folds them); larger ones
 # (a table or data set the step closes over) are moved to the device once and passed in.
 INLINE_CONST_BYTES = 1 << 16
+INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with arrays
 
 
 def is_host(node) -> bool:
@@ -60,8 +63,28 @@ class _Segment:
     def __init__(self, nodes, reads, writes, donate, program):
         self.nodes, self.reads, self.writes, self.donate = nodes, reads, writes, donate
         self.program = program
-        self.fn = jax.jit(self._body, donate_argnums=donate)
+        # XLA clamps an out-of-range gather index (a silently wrong value): a segment that
+        # indexes with arrays is checked (checkify) and the host raises IndexError instead
+        self.gathers = [n for n in nodes if n.prim in INDEXING and len(n.inputs) > 1]
+        body = self._body
+        if self.gathers:
+            body = checkify.checkify(self._body, errors=checkify.index_checks)
+        self.fn = jax.jit(body, donate_argnums=donate)
         self.compiled = False
+
+    def results(self, out):
+        """The segment's outputs; raises ``IndexError`` (naming the op and the user's line) if
+        a checked index was out of range."""
+        if not self.gathers:
+            return out
+        error, out = out
+        message = error.get()
+        if message is not None:
+            failure = IndexError(message.splitlines()[0])
+            for node in self.gathers:
+                add_note(failure, f"  raised by {describe_node(node)} (in the compiled step)")
+            raise failure
+        return out
 
     def _body(self, *args):
         self.program.traces += 1
@@ -185,7 +208,7 @@ class JaxProgram:
         for is_jit, a, b, c in self.steps:
             if is_jit:  # a: the segment, b: slots it reads, c: slots it writes
                 args = [env[r] for r in b]
-                results = a.fn(*args) if a.compiled else a.first_call(args)
+                results = a.results(a.fn(*args) if a.compiled else a.first_call(args))
                 for w, value in zip(c, results):
                     env[w] = value
             else:  # a: the NumPy rule, b: (argument slots, which to bring over, ...), c: out

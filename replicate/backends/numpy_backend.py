@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, SOURCE
 from ..graph.reference import IMPL, _logistic_np
 from .base import Executable
@@ -218,11 +219,17 @@ def lower(graph):
         if len(inputs) != n_inputs:
             raise ValueError(f"expected {n_inputs} inputs, got {len(inputs)}")
         env = list(inputs) + [None] * (n_slots - n_inputs)
-        for fn, args, out, buf, takes_out in steps:
-            if takes_out:
-                env[out] = fn(*[env[a] for a in args], out=buf)
-            else:
-                env[out] = fn(*[env[a] for a in args])
+        i = 0
+        try:
+            for i, (fn, args, out, buf, takes_out) in enumerate(steps):  # noqa: B007 (i: read on failure)
+                if takes_out:
+                    env[out] = fn(*[env[a] for a in args], out=buf)
+                else:
+                    env[out] = fn(*[env[a] for a in args])
+        except Exception as e:  # name the node and the user's line that made it
+            node = graph.nodes[i]
+            note_failure(e, node, [env[a] for a in steps[i][1]])
+            raise
         return [env[o] for o in outputs]
 
     return Executable(graph, run, kernels(graph))

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import DTypeError, ReplicateError, ShapeError
+from ..errors import DTypeError, IndexOutOfRangeError, ReplicateError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array, cast, norm_axes, promote, static_axis
 from ._elementwise import equal
@@ -266,7 +266,8 @@ def _check_index_arrays(shape, spec, arrays):
                 n, values = shape[axis], part.value
                 lo, hi = int(values.min()), int(values.max())
                 if lo < -n or hi >= n:
-                    raise ShapeError(f"index {hi if hi >= n else lo} is out of bounds for axis "
+                    raise IndexOutOfRangeError(
+                        f"index {hi if hi >= n else lo} is out of bounds for axis "
                                      f"{axis} with size {n}")
             axis += 1
 
