@@ -98,6 +98,20 @@ class Variable:
             self._refuse_in_trace("w.numpy()")
         return self.value
 
+    # -- Python conversions read the value (graph mode: the tracer error at the user's line); an
+    # object's default truthiness would make ``if flag:`` always true --------------------------
+    def __bool__(self):
+        return bool(self.read())
+
+    def __int__(self):
+        return int(self.read())
+
+    def __float__(self):
+        return float(self.read())
+
+    def __index__(self):
+        return self.read().__index__()
+
     # -- NumPy: np.asarray(w) outside a traced step; NumPy functions on a Variable refuse -------
     def __array__(self, dtype=None, copy=None):
         if current_trace() is not None:

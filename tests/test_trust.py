@@ -17,28 +17,24 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import mpirun, needs_mpi, report
+from conftest import PROGRAMS, mpirun, needs_mpi, report
+
+sys.path.insert(0, PROGRAMS)
+from trust_mpi import batches_of, nan_gradient_program  # noqa: E402
 
 MODES = ("graph", "eager")
-TRUE_W = np.array([1.0, -2.0, 0.5], np.float32)
-
-
-def regression_batches(replica_id):
-    rng = np.random.default_rng(100 + replica_id)
-    while True:
-        x = rng.normal(size=(8, 3)).astype(np.float32)
-        yield x, x @ TRUE_W
 
 
 def accumulate_reference(replicas, steps=12, every=4, lr=0.05):
     """Gradient accumulation in NumPy: the mean gradient over replicas, applied every 4th."""
-    streams = [regression_batches(r) for r in range(replicas)]
+    streams = [batches_of(r) for r in range(replicas)]
     w, acc = np.zeros(3, np.float32), np.zeros(3, np.float32)
     for t in range(1, steps + 1):
         grads = []
@@ -83,7 +79,7 @@ def test_variable_written_in_a_branch_is_committed_only_when_taken(mode, constru
     acc = rp.Variable(np.zeros(3, np.float32), name="acc")
     t = rp.Variable(np.zeros((), np.int64), name="t")
     step = rp.function(make_accumulating_step(w, acc, t, construct=construct), mode=mode)
-    batches = regression_batches(0)
+    batches = batches_of(0)
     applied = [float(step(*next(batches))[1]) for _ in range(12)]
     assert applied == [0, 0, 0, 1] * 3
     np.testing.assert_allclose(w.numpy(), accumulate_reference(1), rtol=1e-5, atol=1e-6)
@@ -172,7 +168,7 @@ def test_eval_after_compile_turns_dropout_off_and_retraces_once():
 def test_eval_after_compile_in_a_replicator_both_modes():
     for mode in MODES:
         net = rp.nn.Sequential(rp.nn.Linear(3, 16), rp.nn.Dropout(0.5))
-        rep = rp.Replicator(lambda ctx: regression_batches(ctx.replica_id),
+        rep = rp.Replicator(lambda ctx: batches_of(ctx.replica_id),
                             lambda b: {"zeros": rnp.sum(net(b[0]) == 0.0)}, mode=mode)
         assert all(h["zeros"] > 0 for h in rep.run(2))
         net.eval()
@@ -249,7 +245,7 @@ def test_unreduced_update_with_two_replicas_in_a_process_names_the_variable_and_
         opt.apply([rp.grad(loss, w)])  # MARK no-wrap
         return {"loss": loss}
 
-    rep = rp.Replicator(lambda ctx: regression_batches(ctx.replica_id), step_fn,
+    rep = rp.Replicator(lambda ctx: batches_of(ctx.replica_id), step_fn,
                         replicas_per_rank=2)
     with pytest.raises(rp.DivergenceError, match="'w_local_grads'") as e:
         rep.run(1)
@@ -279,7 +275,7 @@ def test_one_replica_in_all_has_nothing_to_diverge_from():
         opt.apply([rp.grad(((x @ w - y) ** 2).mean(), w)])
         return {}
 
-    rp.Replicator(lambda ctx: regression_batches(0), step_fn).run(2)
+    rp.Replicator(lambda ctx: batches_of(0), step_fn).run(2)
     assert np.abs(w.numpy()).sum() > 0
 
 
@@ -307,6 +303,27 @@ def test_two_default_dropouts_draw_different_masks(mode):
     assert mask_a.any() and mask_b.any() and (mask_a != mask_b).any()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_python_if_on_a_variable_reads_its_value_or_refuses(mode):
+    """The PyTorch habit ``if flag:`` on a Variable holding False: an object's default truthiness
+    would be True in both modes."""
+    flag = rp.Variable(np.array(False), name="flag")
+    w = rp.Variable(np.array(0.0), name="w_if")
+
+    def step():
+        if flag:
+            w.assign(w + 1.0)
+        return w.read()
+
+    f = rp.function(step, mode=mode)
+    if mode == "eager":
+        assert float(f()) == 0.0 and float(w.numpy()) == 0.0
+    else:
+        with pytest.raises(rp.TracerConversionError, match="bool"):
+            f()
+    assert float(rp.Variable(np.array(2.5))) == 2.5 and int(rp.Variable(np.array(3))) == 3
+
+
 # -- 6. integer collectives -----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32, np.bool_])
 @pytest.mark.parametrize("mode", MODES)
@@ -329,28 +346,10 @@ def test_integer_mean_in_a_replicator_with_two_replicas():
 
 
 # -- 7. check_finite checks what is written -------------------------------------------------------
-def nan_gradient_program(mode, tmp_path, k=1):
-    """A finite loss with a NaN gradient at step 4 (sqrt at 0), checkpointed every step."""
-    w = rp.Variable(np.ones(3, np.float32), name="w")
-    opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=0.01))
-
-    def input_fn(ctx):
-        for i in range(6):
-            yield np.zeros(3, np.float32) if i == 3 else np.full(3, 1.0 + i, np.float32)
-
-    def step_fn(x):
-        loss = rnp.sqrt(rnp.abs(rnp.sum(w * x)))
-        opt.apply([rp.grad(loss, w)])
-        return {"loss": loss}
-
-    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k, check_finite=True)
-    pattern = str(tmp_path / "ckpt-{step}.npz")
-    return rep, w, opt, pattern
-
-
 @pytest.mark.parametrize("mode,k", [("graph", 1), ("graph", 2), ("eager", 1)])
 def test_a_nan_update_is_never_written_nor_checkpointed(mode, k, tmp_path):
-    rep, w, opt, pattern = nan_gradient_program(mode, tmp_path, k)
+    rep, w, opt = nan_gradient_program(mode, k)
+    pattern = str(tmp_path / "ckpt-{step}.npz")
     state = {"w": w, "opt": opt.optimizer.variables()}
     with np.errstate(all="ignore"), pytest.raises(rp.NonFiniteError) as e:
         rep.run(callbacks=[rp.callbacks.Checkpoint(pattern, state, every=1)])
@@ -358,7 +357,7 @@ def test_a_nan_update_is_never_written_nor_checkpointed(mode, k, tmp_path):
     assert message.startswith("step 4: non-finite values"), message
     assert "variable 'w' (this step's update, not written): nan" in message
     if mode == "graph":
-        assert "first non-finite value" in message and "test_trust.py" in message
+        assert "first non-finite value" in message and "MARK nan-update" in message
     assert rep.step == 3 and np.isfinite(w.numpy()).all()
     assert int(opt.optimizer.step.numpy()) == 3  # the whole update was held back
     assert sorted(os.listdir(tmp_path)) == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
