@@ -10,6 +10,7 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 
+
 def embedding_step():
     emb = rp.nn.Embedding(10, 4)
 

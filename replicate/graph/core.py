@@ -101,16 +101,17 @@ class Array:
         return self.value
 
     # -- conversions that need a concrete value -----------------------------------------------
-    def _need_concrete(self, what: str):
+    def _need_concrete(self, what: str, error=TracerConversionError,
+                       why="so Python cannot branch on them or convert them",
+                       advice="Use rnp.where(cond, a, b) or rp.cond(pred, true_fn, false_fn, ...) "
+                              "for a traced choice, or run this step in eager mode "
+                              "(mode='eager') for Python control flow"):
         if self.symbolic:
             loc = source_line(user_frame(skip_numpy=True))
-            raise TracerConversionError(
+            raise error(
                 f"{what} of a traced value at {loc}\n"
                 f"  In graph mode (define-and-run) values are symbolic while the step is traced, "
-                f"so Python cannot branch on them or convert them.\n"
-                f"  Use rnp.where(cond, a, b) or rp.cond(pred, true_fn, false_fn, ...) for a "
-                f"traced choice, or run this step in eager mode (mode='eager') for Python "
-                f"control flow.")
+                f"{why}.\n  {advice}.")
 
     def __bool__(self):
         self._need_concrete("bool()")
@@ -130,15 +131,11 @@ class Array:
 
     # -- NumPy: np.asarray(x) converts an eager value; NumPy functions on library values refuse --
     def __array__(self, dtype=None, copy=None):
-        if self.symbolic:
-            loc = source_line(user_frame(skip_numpy=True))
-            raise NumpyConversionError(
-                f"conversion to a NumPy array of a traced value at {loc}\n"
-                f"  In graph mode (define-and-run) values are symbolic while the step is traced, "
-                f"and {_WHY}.\n"
-                f"  Compute with the rnp function of the same name (import replicate.numpy as rnp; "
-                f"rnp.where(cond, a, b) or rp.cond(...) for a traced choice) and return the value "
-                f"from the step to read it, or run this step in eager mode (mode='eager').")
+        self._need_concrete(
+            "conversion to a NumPy array", NumpyConversionError, f"and {_WHY}",
+            "Compute with the rnp function of the same name (import replicate.numpy as rnp; "
+            "rnp.where(cond, a, b) or rp.cond(...) for a traced choice) and return the value "
+            "from the step to read it, or run this step in eager mode (mode='eager')")
         return self.value if dtype is None else self.value.astype(dtype)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):

@@ -19,12 +19,16 @@ import replicate.numpy as rnp
 TRUE_W = np.array([1.0, -2.0, 0.5], np.float32)
 
 
-def regression_batches(ctx, steps=None):
+def batches_of(replica_id):
     """Replica r's batches: a fixed stream per global replica id (the test recomputes them)."""
-    rng = np.random.default_rng(100 + ctx.replica_id)
+    rng = np.random.default_rng(100 + replica_id)
     while True:
         x = rng.normal(size=(8, 3)).astype(np.float32)
         yield x, x @ TRUE_W
+
+
+def regression_batches(ctx):
+    return batches_of(ctx.replica_id)
 
 
 def accumulate(mode):
@@ -125,8 +129,8 @@ def int_mean(mode):
     return {}
 
 
-def nan_update(mode, out_dir):
-    """A finite loss with a NaN gradient at step 4 (sqrt at 0), checkpointed every step."""
+def nan_gradient_program(mode, k=1):
+    """A finite loss with a NaN gradient at step 4 (sqrt at 0): (replicator, w, optimiser)."""
     w = rp.Variable(np.ones(3, np.float32), name="w")
     opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=0.01))
 
@@ -139,8 +143,14 @@ def nan_update(mode, out_dir):
         opt.apply([rp.grad(loss, w)])  # MARK nan-update
         return {"loss": loss}
 
+    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k, check_finite=True)
+    return rep, w, opt
+
+
+def nan_update(mode, out_dir):
+    """The NaN-gradient program, checkpointed every step."""
+    rep, w, _ = nan_gradient_program(mode)
     pattern = os.path.join(out_dir, "ckpt-{step}.npz")
-    rep = rp.Replicator(input_fn, step_fn, mode=mode, check_finite=True)
     error = None
     try:
         rep.run(callbacks=[rp.callbacks.Checkpoint(pattern, {"w": w}, every=1)])
