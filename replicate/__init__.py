@@ -10,6 +10,7 @@ from . import (
     nn,
     numpy,  # noqa: F401  (installs the array operators)
     optim,
+    runtime,
 )
 from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
 from .compiler import CompileOptions
@@ -18,6 +19,7 @@ from .control import cond, switch
 from .errors import (
     CheckpointError,
     CollectiveMismatchError,
+    ConfigMismatchError,
     DivergenceError,
     DTypeError,
     IndexOutOfRangeError,
@@ -39,6 +41,9 @@ from .state import Variable
 
 __version__ = "0.1.0"
 
+if runtime.comm.launched_by_mpi():  # under mpiexec: MPI, and the hooks that end the job when a
+    runtime.comm.world()  # rank fails or leaves, come up now (replicate/runtime/hooks.py)
+
 __all__ = [
     "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",
     "ReplicateError", "InputError", "NonFiniteError", "NumpyConversionError", "CheckpointError",
@@ -47,5 +52,5 @@ __all__ = [
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
-    "ReplicaContextError",
+    "ReplicaContextError", "ConfigMismatchError",
 ]

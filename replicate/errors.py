@@ -45,6 +45,11 @@ class CollectiveMismatchError(ReplicateError):
     """Replicas (or processes) disagree about a collective."""
 
 
+class ConfigMismatchError(ReplicateError):
+    """The processes of a job constructed their ``Replicator`` differently (mode, backend,
+    replicas per rank, outputs, options, checks, timeout, or the model's Variables)."""
+
+
 class ReplicaContextError(ReplicateError, ValueError):
     """A collective runs where its replicas cannot be laid out: outside a ``Replicator`` (an
     ``rp.function`` or eager code) collectives need one replica per process."""

@@ -1,7 +1,16 @@
 """Launch a script on N processes with the MPI that came with the ``mpich`` wheel.
 
     python -m replicate.launch -n 2 examples/classifier.py [args...]
+    python -m replicate.launch -n 2 -m package.module [args...]
     replicate-launch -n 2 examples/classifier.py [args...]
+
+Every rank runs the script through the bootstrap (``python -m replicate``, see
+``replicate/runtime/bootstrap.py``): MPI is up before the script's first line, and a rank that
+fails at any point ends the job with its traceback. The launcher also knows whether every rank
+finished its script (``replicate/runtime/status.py``): a job where ``mpiexec`` returns 0 but a rank
+left early (``exit()`` below Python ends the others silently) exits 1 and says which rank and at
+which step, and a rank that dies where ``mpiexec`` does not end the others (before MPI is up) ends
+the job within seconds instead of leaving them waiting.
 """
 
 from __future__ import annotations
@@ -9,7 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+
+from .runtime import status
+
+GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
+PREFIX = "[replicate.launch]"
 
 
 def find_mpiexec() -> str:
@@ -24,8 +42,10 @@ def find_mpiexec() -> str:
                      "pip install 'replicate[mpi]'")
 
 
-def command(n: int, script: str, args: list[str]) -> list[str]:
-    return [find_mpiexec(), "-n", str(n), sys.executable, script, *args]
+def command(n: int, script: str | None, args: list[str], module: str | None = None) -> list[str]:
+    """The ``mpiexec`` command line: every rank runs the bootstrap on the script (or module)."""
+    target = ["-m", module] if module else [script]
+    return [find_mpiexec(), "-n", str(n), sys.executable, "-m", "replicate", *target, *args]
 
 
 def share_threads(environ, nprocs: int) -> None:
@@ -47,18 +67,174 @@ def share_threads(environ, nprocs: int) -> None:
             environ[var] = threads
 
 
+def _at(record) -> str:
+    return "before its first step" if record["step"] is None else f"at step {record['step']}"
+
+
+def verdict(returncode: int, records: dict, n: int, first=None) -> tuple[int, str | None]:
+    """(exit code, message or None) of the whole job from ``mpiexec``'s exit code and the
+    ranks' records: exit code 0 only if every rank that left a record finished its script.
+    ``first``: the rank seen to end first, if one was (the others were then ended by mpiexec).
+
+    When a rank reported its own failure (it printed why and ended the job) ``mpiexec``'s exit
+    code stands. Otherwise a rank that did not finish its script is named: with exit code 0 it
+    left early (``os._exit(0)`` or ``exit(0)`` below Python: mpiexec ends the others silently and
+    returns 0); with another code it was killed, or exited below Python, and mpiexec's own
+    report names only the processes it then killed."""
+    if any(rec["state"] == status.FAILED for rec in records.values()):
+        return returncode, None
+    unfinished = {r: rec for r, rec in sorted(records.items()) if rec["state"] != status.DONE}
+    if not unfinished:
+        return returncode, None
+    if first not in unfinished and len(unfinished) == 1:
+        first = next(iter(unfinished))
+    code = returncode or 1
+    if first in unfinished:
+        others = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items() if r != first)
+        others = f" (unfinished: {others})" if others else ""
+        if returncode == 0:
+            return code, (f"{PREFIX} rank {first} exited early (code 0) {_at(unfinished[first])}:"
+                          " it ended without finishing its script (os._exit, or exit() below "
+                          "Python), and mpiexec then ended the other ranks silently and returned "
+                          f"0; the job's work is incomplete{others}.")
+        return code, (f"{PREFIX} rank {first} ended first, {_at(unfinished[first])}, without "
+                      "finishing its script or reporting a failure (killed by a signal, or "
+                      f"exit() below Python); mpiexec then ended the other ranks{others}.")
+    ranks = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items())
+    how = "exited early (code 0)" if returncode == 0 else "ended without finishing"
+    return code, (f"{PREFIX} ranks {sorted(unfinished)} {how}: {ranks}; one of them ended "
+                  "first without finishing its script or reporting a failure (os._exit, a "
+                  "signal, or exit() below Python) and mpiexec then ended the others.")
+
+
+class Exits:
+    """The order in which the ranks on this machine end, to tell the rank that left from the
+    ranks mpiexec then ended: each rank's bootstrap connects to this socket and never writes;
+    the kernel closes the connection when the rank's process ends. A rank that leaves closes
+    its connection before mpiexec even learns of it, so before the ranks mpiexec then kills
+    close theirs."""
+
+    def __init__(self, folder: str):
+        import socket
+
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(os.path.join(folder, status.SOCKET))
+        self.server.listen(1024)
+        self.server.setblocking(False)
+        self.conns: dict = {}  # connection -> rank (None until it said which)
+        self.order: list[list[int]] = []  # batches of ranks seen ending together
+        self.ended: set[int] = set()
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for ranks to connect, say their rank, or end."""
+        import select
+
+        ready, _, _ = select.select([self.server, *self.conns], [], [], seconds)
+        batch = []
+        for sock in ready:
+            if sock is self.server:
+                try:
+                    conn, _ = self.server.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                self.conns[conn] = None
+                continue
+            try:
+                data = sock.recv(64)
+            except OSError:
+                data = b""
+            if data and self.conns[sock] is None and data.strip().isdigit():
+                self.conns[sock] = int(data.strip())
+                continue
+            if not data:  # the process has ended
+                rank = self.conns.pop(sock)
+                sock.close()
+                if rank is not None:
+                    batch.append(rank)
+                    self.ended.add(rank)
+        if batch:
+            self.order.append(sorted(batch))
+
+    def first(self):
+        """The rank that ended first, if it ended alone."""
+        return self.order[0][0] if self.order and len(self.order[0]) == 1 else None
+
+    def close(self):
+        for conn in self.conns:
+            conn.close()
+        self.conns.clear()
+        self.server.close()
+
+
+def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int:
+    """Wait for ``mpiexec``; end it if a rank is gone and it has not ended the job within
+    ``GRACE`` seconds (a rank that failed before MPI was up leaves the others waiting in MPI's
+    start-up). Returns the job's exit code."""
+    gone_since = None
+    while proc.poll() is None:
+        try:
+            exits.wait(poll)
+        except KeyboardInterrupt:  # mpiexec got the same Ctrl-C and ends the ranks
+            continue
+        if not exits.ended:
+            continue
+        records = status.read(folder)
+        gone = {r: records[r] for r in exits.ended
+                if r in records and records[r]["state"] != status.DONE}
+        if not gone:
+            continue
+        gone_since = gone_since or time.monotonic()
+        if time.monotonic() - gone_since > GRACE and proc.poll() is None:
+            r, rec = min(gone.items())
+            print(f"{PREFIX} rank {r} ({status.STATE_NAMES.get(rec['state'], '?')}, "
+                  f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
+                  "ending it", file=sys.stderr, flush=True)
+            _end(proc)
+            return 1
+    exits.wait(0)
+    code, message = verdict(proc.returncode, status.read(folder), n, exits.first())
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _end(proc):
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="replicate-launch", description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of processes")
-    parser.add_argument("script")
+    parser.add_argument("-m", dest="module", help="run a module (as python -m) instead of a script")
+    parser.add_argument("script", nargs="?", help="the script (or, with -m, its first argument)")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     if opts.nprocs < 1:
         parser.error("-n must be at least 1")
-    cmd = command(opts.nprocs, opts.script, opts.args)
-    share_threads(os.environ, opts.nprocs)
-    os.execv(cmd[0], cmd)
-    return 0  # not reached
+    args = ([opts.script] if opts.script is not None else []) + opts.args
+    if opts.module is None:
+        if opts.script is None:
+            parser.error("a script (or -m module) is required")
+        args = opts.args
+    cmd = command(opts.nprocs, opts.script if opts.module is None else None, args, opts.module)
+    env = dict(os.environ)
+    share_threads(env, opts.nprocs)
+    with tempfile.TemporaryDirectory(prefix="replicate-launch-") as folder:
+        env[status.ENV] = folder
+        exits = Exits(folder)
+        proc = subprocess.Popen(cmd, env=env)
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+        try:
+            return supervise(proc, folder, opts.nprocs, exits)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            exits.close()
 
 
 if __name__ == "__main__":

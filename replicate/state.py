@@ -14,6 +14,7 @@ the compiled step writes it back after each call.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from .graph.core import (
 from .numpy import _install_operators, as_array, cast
 
 _counter = itertools.count()
+_serial = itertools.count()
+_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation order -> Variable
 
 # Called with each variable on an eager read while a Replicator runs (it syncs values from rank 0).
 eager_read_hook = None
@@ -52,6 +55,13 @@ class Variable:
         self.name = name or f"var{next(_counter)}"
         self.local = bool(local)
         self._eager: Array | None = None
+        self._created = user_frame()  # (file, line) of the user's code that made it
+        _live[next(_serial)] = self
+
+    @property
+    def created_at(self) -> str:
+        """'file:line: code' of the user's code that created this variable."""
+        return source_line(self._created)
 
     shape = property(lambda self: self.value.shape)
     dtype = property(lambda self: self.value.dtype)
@@ -138,3 +148,8 @@ class Variable:
 
 
 _install_operators(Variable)  # w + 1, w @ x, ... on a Variable read it
+
+
+def live_variables() -> list:
+    """Every Variable alive in this process, in the order they were created."""
+    return [var for _, var in sorted(_live.items())]

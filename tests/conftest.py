@@ -83,3 +83,25 @@ def mpirun(*args, n=2, launcher=False, timeout=TIMEOUT, cwd=PROGRAMS, env=None, 
 def report(result) -> str:
     return (f"{' '.join(map(str, result.args))}\nexit {result.returncode}\n--- stdout\n"
             f"{result.stdout}\n--- stderr\n{result.stderr}")
+
+
+def orphans(token):
+    """Processes still running whose command line holds ``token``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_orphans(token):
+    deadline = time.monotonic() + 2.0
+    while orphans(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not orphans(token), f"processes left behind: {orphans(token)}"

@@ -20,7 +20,15 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import MPIEXEC, PROGRAMS, child_env, mpirun, needs_mpi, report
+from conftest import (
+    MPIEXEC,
+    PROGRAMS,
+    assert_no_orphans,
+    child_env,
+    mpirun,
+    needs_mpi,
+    report,
+)
 
 pytestmark = needs_mpi
 PROGRAM = "faults_mpi.py"
@@ -33,28 +41,6 @@ def marker_line(marker, program=PROGRAM):
         hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# MARK {marker}")]
     assert len(hits) == 1, marker
     return f"{program}:{hits[0]}"
-
-
-def orphans(token):
-    """Processes still running whose command line holds ``token``."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if token.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
-def assert_no_orphans(token):
-    deadline = time.monotonic() + 2.0
-    while orphans(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not orphans(token), f"processes left behind: {orphans(token)}"
 
 
 def faults(*args, timeout=60, **env):

@@ -22,9 +22,11 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 
 _TAG = 0x5245504C << 8  # "REPL": a header is recognisable as one
-STEP, COLLECTIVE, SYNC, OUTPUTS = 1, 2, 3, 4
+STEP, COLLECTIVE, SYNC, OUTPUTS, CONFIG, SAVE, RESTORE, VERIFY = 1, 2, 3, 4, 5, 6, 7, 8
 KIND_NAMES = {STEP: "step start", COLLECTIVE: "collective", SYNC: "variable sync",
-              OUTPUTS: "step outputs"}
+              OUTPUTS: "step outputs", CONFIG: "Replicator construction",
+              SAVE: "checkpoint save", RESTORE: "checkpoint restore",
+              VERIFY: "variable comparison"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -34,18 +36,24 @@ def digest(text: str) -> int:
     return (value >> 1) or 1
 
 
-def agree(comm, kind: int, key: int = 0, a: int = 0, b: int = 0, *, describe) -> list:
+def agree(comm, kind: int, key: int = 0, a: int = 0, b: int = 0, *, describe,
+          differ=None) -> list:
     """Exchange the header ``[kind, key, a, b]`` with every rank; return the gathered rows
     (a list of ``[kind, key, a, b]`` per rank; ``a`` and ``b`` are free payload, e.g. the input
     counts of a step).
 
     When the ranks' ``kind`` or ``key`` differ, every rank calls ``describe()`` (a line saying
     what this rank is doing, with the user's source line), the descriptions are exchanged and
-    ``CollectiveMismatchError`` is raised on every rank."""
+    ``CollectiveMismatchError`` is raised on every rank. ``differ``: when every rank makes the
+    same kind of call but the keys differ, every rank calls ``differ()`` instead (it exchanges
+    what it needs to say how, and raises; if it returns, the call goes on)."""
     header = np.array([_TAG | kind, key, a, b], np.int64)
     rows = comm.allgather(header).tolist()  # (Python compares 2 x 4 ints faster than NumPy)
     tag, key = rows[0][0], rows[0][1]
     if all(row[0] == tag and row[1] == key for row in rows):
+        return rows
+    if differ is not None and all(row[0] == tag for row in rows):
+        differ()
         return rows
     _mismatch(comm, rows, describe)
     raise AssertionError("unreachable")
@@ -70,4 +78,5 @@ def _mismatch(comm, rows, describe):
     raise error
 
 
-__all__ = ["agree", "digest", "STEP", "COLLECTIVE", "SYNC", "OUTPUTS"]
+__all__ = ["agree", "digest", "STEP", "COLLECTIVE", "SYNC", "OUTPUTS", "CONFIG", "SAVE",
+           "RESTORE", "VERIFY"]

@@ -36,9 +36,17 @@ import warnings
 
 import numpy as np
 
-from ..errors import CheckpointError, ReplicateError, class_name, error_of_class
+from ..errors import (
+    CheckpointError,
+    ReplicateError,
+    class_name,
+    error_of_class,
+    source_line,
+    user_frame,
+)
 from ..state import Variable
 from . import sync_check
+from .agree import RESTORE, SAVE, agree
 from .comm import world
 
 
@@ -87,6 +95,7 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
     every rank had, never rank 0's copy of diverged state."""
     comm = comm or world()
     if comm.size > 1:  # (MPI's bcast may return on rank 0 before the others receive)
+        _agree(comm, SAVE, f"checkpoint.save({path!r})")
         if verify:
             try:
                 variables = list(named_variables(state).values())
@@ -111,6 +120,13 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
     if error is not None:
         error.consistent = True  # every rank raises it
         raise error
+
+
+def _agree(comm, kind, call: str) -> None:
+    """Every rank makes this call: a rank making another one (or none) is named, with both
+    calls' lines, instead of the two exchanges meeting as an MPI error."""
+    where = source_line(user_frame())
+    agree(comm, kind, describe=lambda: f"{call} at {where}")
 
 
 def _write(path, state, step, meta) -> None:
@@ -219,6 +235,8 @@ def restore(path: str, state, comm=None) -> dict:
     ``path`` may be a pattern with ``{step}``: the newest intact file is used, with a warning for
     each newer one that is truncated or corrupt."""
     comm = comm or world()
+    if comm.size > 1:
+        _agree(comm, RESTORE, f"checkpoint restore({path!r})")
     payload = None
     if comm.rank == 0:
         try:

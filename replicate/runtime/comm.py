@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
 import time
 from threading import get_ident
 from time import monotonic
@@ -25,7 +24,7 @@ from time import monotonic
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from . import watchdog
+from . import hooks, status, watchdog
 from .watchdog import TRACKER, Call
 
 _SPLIT_MIN = 4096  # elements per rank below which gathering whole buffers is cheaper
@@ -44,7 +43,7 @@ def _combine(rows: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
-def _launched_by_mpi() -> bool:
+def launched_by_mpi() -> bool:
     keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD", "PMIX_RANK")
     return any(k in os.environ for k in keys)
 
@@ -73,7 +72,10 @@ class SelfComm:
         return obj
 
     def abort(self, code: int = 1):
-        os._exit(code)
+        status.set_state(status.FAILED, code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        hooks.real_exit(code)
 
 
 class MPIComm:
@@ -226,22 +228,26 @@ class MPIComm:
         return MPIComm(comm, f"{self.label}.dup{self._dups}")
 
     def abort(self, code: int = 1):
+        status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(0.5)  # let mpiexec forward this rank's last words before the abort kills all
         self.comm.Abort(code)
-        os._exit(code)  # MPICH's MPI_Abort may return: this rank must not go on running user code
+        hooks.real_exit(code)  # MPI_Abort may return: this rank must not go on running user code
 
 
 _world = None
 
 
 def world():
-    """The process-wide communicator (created on first use)."""
+    """The process-wide communicator (created on first use; under an MPI launcher already by
+    ``import replicate``). With more than one process it comes with the hooks that end the job
+    when this rank fails or leaves (``runtime/hooks.py``), the stall watchdog and the BLAS
+    thread share."""
     global _world
     if _world is None:
         _world = SelfComm()
-        if _launched_by_mpi():
+        if launched_by_mpi():
             try:
                 comm = MPIComm()
             except ImportError as e:
@@ -249,9 +255,10 @@ def world():
                                   "pip install 'replicate[mpi]'") from e
             if comm.size > 1:
                 _world = comm
-                _abort_on_uncaught_exception(comm)
+                hooks.install(comm)
                 limit_blas_threads(comm.size)
                 watchdog.start(comm)
+        hooks.install(_world)  # (one process: only os._exit is noted, for the launcher)
     return _world
 
 
@@ -315,34 +322,3 @@ def limit_blas_threads(size: int | None = None) -> dict[str, int]:
     if limits:
         threadpool_limits(limits=limits)
     return limits
-
-
-def _abort_on_uncaught_exception(comm):
-    """An exception that ends one rank's script, or one of its threads, ends the whole job (its
-    peers would otherwise wait in their next collective until the watchdog's timeout). Errors
-    that every rank raised (``consistent``) end each rank normally instead, so every rank prints
-    its message."""
-    previous, previous_thread = sys.excepthook, threading.excepthook
-
-    def hook(kind, value, tb):
-        if getattr(value, "consistent", False):
-            previous(kind, value, tb)
-            sys.stderr.flush()
-            comm.meet(5.0)  # no rank exits (and has mpiexec end the rest) before all have said it
-            return
-        print(f"[replicate] rank {comm.rank}: uncaught {kind.__name__}; aborting the job",
-              file=sys.stderr, flush=True)
-        previous(kind, value, tb)
-        comm.abort(1)
-
-    def thread_hook(args):
-        if args.exc_type is SystemExit:
-            return
-        print(f"[replicate] rank {comm.rank}: uncaught {args.exc_type.__name__} in thread "
-              f"{getattr(args.thread, 'name', '?')!r}; aborting the job", file=sys.stderr,
-              flush=True)
-        previous_thread(args)
-        comm.abort(1)
-
-    sys.excepthook = hook
-    threading.excepthook = thread_hook

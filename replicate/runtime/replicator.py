@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import traceback
 import warnings
 from dataclasses import replace
 
@@ -20,14 +19,13 @@ from ..errors import (
     function_location,
     source_line,
     user_frame,
-    user_traceback,
 )
 from ..function import as_options, check_mode, to_numpy
 from ..graph.aval import AVal
 from ..graph.trace import signature
 from ..numpy import as_array
 from ..step import StepCache, batch_leaves, gather_outputs
-from . import nan_check, sync_check, watchdog
+from . import hooks, nan_check, sync_check, watchdog
 from .agree import OUTPUTS, STEP, SYNC, agree, digest
 from .callbacks import MetricsLog, Progress
 from .checkpoint import restore as restore_checkpoint
@@ -39,6 +37,7 @@ from .checks import (
     warn_many_signatures,
 )
 from .comm import world
+from .config import agree_config
 from .schedule import Schedules
 
 OUTPUT_REDUCTIONS = {"mean": lambda a: a.mean(0), "sum": lambda a: a.sum(0),
@@ -118,8 +117,7 @@ class Replicator:
                            else int(check_sync))
         self._check_batches = BatchChecker(input_fn)
         self.comm = comm or world()
-        if collective_timeout is not None:
-            watchdog.set_timeout(collective_timeout)
+        self.collective_timeout = collective_timeout  # (None: the process's current one)
         self.rank, self.num_ranks = self.comm.rank, self.comm.size
         self.num_replicas = self.k * self.num_ranks
         self.contexts = [ReplicaContext(self.rank * self.k + r, self.num_replicas, self.rank,
@@ -132,6 +130,9 @@ class Replicator:
         self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
         self._step_entry = None  # graph mode: (this step's signature, its compiled step or None)
         self._journal = nan_check.WriteJournal()  # eager + check_finite: values before a step
+        agree_config(self)  # every rank constructed it alike (one small exchange)
+        if collective_timeout is not None:
+            watchdog.set_timeout(collective_timeout)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
@@ -220,12 +221,10 @@ class Replicator:
     def _abort(self):
         """One rank failed: print its traceback (the user's frames) with its rank and step, and
         end the whole job (the other ranks would wait for this one forever)."""
-        kind, error, tb = sys.exc_info()
         where = f"at step {watchdog.TRACKER.step} ({watchdog.TRACKER.phase})"
-        print(f"[replicate] rank {self.rank} failed {where}; aborting the job:\n"
-              + "".join(traceback.format_exception(kind, error, user_traceback(tb))),
-              file=sys.stderr, flush=True)
-        self.comm.abort(1)
+        hooks.abort(self.comm, 1, hooks.format_failure(
+            self.rank, f"[replicate] rank {self.rank} failed {where}; aborting the job:",
+            *sys.exc_info()))
 
     def _next_batches(self):
         """Every replica's next batch, or None where any replica on any rank has run out.

@@ -21,7 +21,8 @@ import zlib
 
 import numpy as np
 
-from ..errors import DivergenceError
+from ..errors import DivergenceError, source_line, user_frame
+from .agree import VERIFY, agree
 
 
 def fingerprint(value) -> tuple:
@@ -49,6 +50,8 @@ def verify(comm, variables, step: int, when: str) -> None:
     (``when``: what is happening, for the message). One ``allgather`` of a few integers."""
     if comm.size == 1:
         return
+    where = source_line(user_frame())
+    agree(comm, VERIFY, describe=lambda: f"comparing the ranks' variables ({when}) at {where}")
     variables = shared(variables)
     mine = (tuple(v.name for v in variables), tuple(fingerprint(v.value) for v in variables))
     everyone = comm.allgather_obj(mine)

@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..errors import ReplicateError, source_line
+from . import status
 
 ENV = "REPLICATE_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
@@ -93,6 +94,15 @@ TRACKER = Tracker()
 
 def set_step(step, phase=None) -> None:
     TRACKER.step, TRACKER.phase = step, phase
+    status.set_step(step)  # (for the launcher: where this rank was if it vanishes)
+
+
+_EXIT_CODE: list = []  # this process's exit code, once known (for the goodbye)
+
+
+def note_exit(code: int) -> None:
+    """This process is about to exit with ``code`` (its peers are told, with its step)."""
+    _EXIT_CODE[:] = [int(code)]
 
 
 def _at_step(step, phase) -> str:
@@ -135,7 +145,7 @@ class Watchdog:
         MPI = world.MPI
         self.MPI, self.world = MPI, world
         self.rank, self.size = world.rank, world.size
-        self.timeout = timeout
+        self._timeout = timeout  # None: $REPLICATE_COLLECTIVE_TIMEOUT, read when needed
         # The side channel is created without blocking (a process that never calls ``world()``
         # must not hang the others here); it is usable once every process has joined.
         self.side, self._side_req = None, None
@@ -148,6 +158,14 @@ class Watchdog:
         self.thread = threading.Thread(target=self._loop, name="replicate-watchdog", daemon=True)
         self.thread.start()
         atexit.register(self.close)
+
+    @property
+    def timeout(self) -> float:
+        return timeout_from_env() if self._timeout is None else self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = seconds
 
     @property
     def period(self) -> float:
@@ -221,8 +239,9 @@ class Watchdog:
         where = user_line(frames.get(call.thread))
         thread = next((t.name for t in threading.enumerate() if t.ident == call.thread), "?")
         if exited:
-            head = (f"rank(s) {exited} exited while rank {self.rank} waits for them in "
-                    f"{call.describe()}")
+            head = "; ".join(_exited_early(r, answers[r]) for r in exited) + (
+                f"; rank {self.rank} waits for {'it' if len(exited) == 1 else 'them'} in "
+                f"{call.describe()}")
         else:
             head = (f"collective timed out: rank {self.rank} waited {waited:.1f} s "
                     f"(limit {self.timeout:g} s, {ENV}) in {call.describe()}")
@@ -259,7 +278,8 @@ class Watchdog:
         if not self._ready() or self.reported:
             return
         final = {"rank": self.rank, "step": TRACKER.step, "phase": "exited",
-                 "entered": TRACKER.entered(), "inflight": [], "where": "exited"}
+                 "entered": TRACKER.entered(), "inflight": [], "where": "exited",
+                 "code": _EXIT_CODE[0] if _EXIT_CODE else None}
         for r in range(self.size):
             if r != self.rank:
                 self._send(final, r, _BYE)
@@ -276,6 +296,14 @@ class Watchdog:
         self._sends = []
         self.side.Free()
         self.side = None
+
+
+def _exited_early(rank, info) -> str:
+    """'rank R exited early (code C) at step S' from the goodbye of rank R."""
+    code = info.get("code")
+    code = "" if code is None else f" (code {code})"
+    step = _at_step(info.get("step"), None) or " before its first step"
+    return f"rank {rank} exited early{code}{step}"
 
 
 def _describe_peer(info, call, arrived, exited) -> str:
@@ -299,11 +327,20 @@ _WATCHDOG: Watchdog | None = None
 
 
 def start(world, timeout: float | None = None) -> Watchdog | None:
-    """Start the process's watchdog for ``world`` (an ``MPIComm``); once per process."""
+    """Start the process's watchdog for ``world`` (an ``MPIComm``); once per process. Without
+    ``timeout`` it follows ``$REPLICATE_COLLECTIVE_TIMEOUT`` (read when a call waits, so setting
+    it after ``import replicate`` counts), until ``set_timeout``."""
     global _WATCHDOG
     if _WATCHDOG is None:
-        _WATCHDOG = Watchdog(world, timeout_from_env() if timeout is None else timeout)
+        timeout_from_env()  # a malformed value is an error now, not in the thread
+        _WATCHDOG = Watchdog(world, timeout)
     return _WATCHDOG
+
+
+def close() -> None:
+    """Stop the watchdog now and say goodbye to the peers (as at exit)."""
+    if _WATCHDOG is not None:
+        _WATCHDOG.close()
 
 
 def set_timeout(seconds) -> None:

@@ -1,0 +1,129 @@
+"""Each rank's status record, kept for ``replicate.launch``: did every rank finish its script?
+
+MPICH's ``mpiexec`` cannot tell a rank that finished from one that left early with exit code 0
+(``os._exit(0)`` mid-run ends the others silently and ``mpiexec`` returns 0). So the launcher
+gives the ranks a folder (``REPLICATE_LAUNCH_DIR``), and the bootstrap (``python -m replicate``)
+of each rank keeps a small fixed-size record there, ``rank-<R>``, memory-mapped: its pid and host,
+how far it got (``STARTED``: the interpreter runs; ``RUNNING``: MPI is up; ``DONE``: the script
+finished; ``FAILED``: it failed and ended the job), its exit code and the step it is at (one
+memory store per step, no system call). After ``mpiexec`` returns, the launcher reads every
+record: a rank that is not ``DONE`` left early, whatever ``mpiexec`` returned. Each rank also
+holds a connection to the launcher's socket in that folder, which the kernel closes when the
+process ends: the order of the closes tells the rank that left from those mpiexec then killed.
+
+A rank on another machine whose folder is not shared writes no record and is not judged.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+
+ENV = "REPLICATE_LAUNCH_DIR"
+SOCKET = "ranks.sock"  # the launcher's: each rank connects, the kernel closes it at the end
+STARTED, RUNNING, DONE, FAILED = 1, 2, 3, 4
+STATE_NAMES = {STARTED: "started", RUNNING: "running", DONE: "done", FAILED: "failed"}
+NO_STEP = -1
+_FORMAT = "<4siiiq64s"  # magic, pid, state, exit code, step, host
+_MAGIC = b"RPST"
+SIZE = struct.calcsize(_FORMAT)
+_STEP_OFFSET = struct.calcsize("<4siii")
+
+
+class Record:
+    """This rank's record, written in place (a memory map of the file)."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self.pid = os.getpid()
+        self.state, self.code = STARTED, 0
+        host = socket.gethostname().encode()[:64]
+        struct.pack_into(_FORMAT, self._map, 0, _MAGIC, self.pid, STARTED, 0, NO_STEP, host)
+
+    def set_step(self, step) -> None:
+        struct.pack_into("<q", self._map, _STEP_OFFSET, NO_STEP if step is None else int(step))
+
+    def set_state(self, state: int, code: int = 0) -> None:
+        if self.state in (DONE, FAILED):  # the first verdict stands (an abort after a failure)
+            return
+        self.state, self.code = state, int(code)
+        struct.pack_into("<ii", self._map, struct.calcsize("<4si"), state, int(code))
+
+
+_RECORD: Record | None = None
+
+
+def open_record(rank) -> Record | None:
+    """This process's record in the launcher's folder, once per process; None when not started
+    by ``replicate.launch`` (no folder), or the folder is not on this machine."""
+    global _RECORD
+    folder = os.environ.get(ENV)
+    if _RECORD is None and folder and os.path.isdir(folder):
+        try:
+            _RECORD = Record(os.path.join(folder, f"rank-{int(rank)}"))
+        except OSError:
+            return None
+        _connect(os.path.join(folder, SOCKET), rank)
+    return _RECORD
+
+
+_LINK: list = []  # the connection to the launcher, kept open until the process ends
+
+
+def _connect(path: str, rank) -> None:
+    """Tell the launcher this process is rank ``rank``; the kernel closes the connection when
+    the process ends, however it ends (the launcher learns which rank ended first)."""
+    try:
+        link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        link.connect(path)
+        link.sendall(f"{int(rank)}\n".encode())
+    except OSError:
+        return
+    _LINK.append(link)
+
+
+def record() -> Record | None:
+    return _RECORD
+
+
+def set_step(step) -> None:
+    if _RECORD is not None:
+        _RECORD.set_step(step)
+
+
+def set_state(state: int, code: int = 0) -> None:
+    if _RECORD is not None and os.getpid() == _RECORD.pid:
+        _RECORD.set_state(state, code)
+
+
+def read(folder: str) -> dict[int, dict]:
+    """{rank: {"pid", "state", "code", "step", "host"}} of every record in ``folder``."""
+    found = {}
+    for name in os.listdir(folder):
+        if not name.startswith("rank-") or not name[5:].isdigit():
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                raw = f.read(SIZE)
+        except OSError:
+            continue
+        if len(raw) != SIZE:
+            continue
+        magic, pid, state, code, step, host = struct.unpack(_FORMAT, raw)
+        if magic != _MAGIC:
+            continue
+        found[int(name[5:])] = {"pid": pid, "state": state, "code": code,
+                                "step": None if step == NO_STEP else step,
+                                "host": host.rstrip(b"\0").decode(errors="replace")}
+    return found
+
+
+__all__ = ["ENV", "STARTED", "RUNNING", "DONE", "FAILED", "open_record", "read", "set_step",
+           "set_state"]
