@@ -22,6 +22,9 @@ HERE = os.path.join(ROOT, "tests")
 PROGRAMS = os.path.join(HERE, "programs")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 TIMEOUT = 60
+# A program run top to bottom as a user's script is (its first lines run before any import);
+# the doctest collection must not import it.
+collect_ignore = ["programs/startup_mpi.py"]
 
 
 def have_mpi() -> bool:

@@ -171,7 +171,7 @@ def test_rank_that_leaves_early_is_noticed_at_once():
     text = report(result)
     assert result.returncode != 0, text
     assert result.seconds < EXIT_WITHIN, text
-    assert "rank(s) [1] exited while rank 0 waits for them in allgather" in result.stderr, text
+    assert "rank 1 exited early at step 3; rank 0 waits for it in allgather" in result.stderr, text
     assert "rank 1: has exited, at step 3" in result.stderr, text
     assert "rank 0 finished" not in result.stdout, text
 

@@ -9,6 +9,12 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from replicate.backends import available
+from replicate.graph.primitives import index_bounds_error
+
+BACKENDS = ["numpy", "jax", pytest.param("cupy", marks=pytest.mark.skipif(
+    "cupy" not in available(), reason="needs CuPy and an NVIDIA GPU (CuPy wraps an out-of-range "
+    "index around: the backend checks)"))]
 
 
 def embedding_step():
@@ -21,7 +27,7 @@ def embedding_step():
     return step
 
 
-@pytest.mark.parametrize("backend", ["numpy", "jax"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_out_of_range_index_in_a_compiled_step_names_the_line(backend):
     f = rp.function(embedding_step(), backend=backend)
     assert np.isfinite(f(np.array([1, 2, -1])))  # negative indices count from the end
@@ -47,3 +53,16 @@ def test_out_of_range_index_in_a_replicator_graph_step_names_the_line():
         rep.run()
     assert "MARK lookup" in "\n".join(getattr(e.value, "__notes__", [])) + str(e.value)
     assert rep.step == 1
+
+
+def test_index_bounds_error_finds_the_axis_of_each_index_array():
+    """The check the CuPy backend runs before indexing (CuPy wraps out-of-range indices)."""
+    ix = (("ellipsis",), ("array", 0))
+    assert index_bounds_error((2, 3, 5), ix, [np.array([4, -5])]) is None
+    assert index_bounds_error((2, 3, 5), ix, [np.array([0, 5])]) == \
+        "index 5 is out of bounds for axis 2 with size 5"
+    ix = (("int", 1), ("none",), ("array", 0), ("array", 1))
+    mine = index_bounds_error((2, 3, 5), ix, [np.array([2]), np.array([-6])])
+    with pytest.raises(IndexError) as numpys:
+        np.zeros((2, 3, 5))[1, None, np.array([2]), np.array([-6])]
+    assert mine == str(numpys.value) == "index -6 is out of bounds for axis 2 with size 5"

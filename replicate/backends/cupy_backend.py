@@ -21,7 +21,8 @@ import cupyx
 
 from ..debug import debug_enabled
 from ..errors import ReplicateError
-from ..graph.primitives import REGISTRY, index_tuple
+from ..graph.interpret import note_failure
+from ..graph.primitives import REGISTRY, index_bounds_error, index_tuple
 from ..graph.reference import IMPL
 from . import cuda_codegen
 from .base import Executable
@@ -113,9 +114,25 @@ def _op_fn(node):
         return lambda *xs: cupy.asarray(fn(*[cupy.asnumpy(x) for x in xs], **attrs))
     fn = DEVICE.get(node.prim) or IMPL[node.prim]
     attrs, dtype = node.attrs, node.out.dtype
+    if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
+        return _checked_indexing(fn, attrs, dtype, node)
 
     def run(*xs):
         value = cupy.asarray(fn(*xs, **attrs))
+        return value if value.dtype == dtype else value.astype(dtype)
+    return run
+
+
+def _checked_indexing(fn, attrs, dtype, node):
+    """CuPy wraps an out-of-range index around (NumPy raises): check the index arrays first
+    (one reduction and one read on the host per op) and raise NumPy's ``IndexError``."""
+    shape = node.inputs[0].shape if node.prim == "getitem" else attrs["shape"]
+
+    def run(x, *idx):
+        message = index_bounds_error(shape, attrs["index"], idx, cupy)
+        if message is not None:
+            raise IndexError(message)
+        value = cupy.asarray(fn(x, *idx, **attrs))
         return value if value.dtype == dtype else value.astype(dtype)
     return run
 
@@ -132,14 +149,18 @@ def lower(graph):
         else:
             fn = _op_fn(node)
         slot[node.out.id] = len(slot)
-        steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id]))
+        steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id], node))
     n_in, n_slots = len(graph.inputs), len(slot)
     outputs = [slot[o.id] for o in graph.outputs]
 
     def run(inputs):
         env = [cupy.asarray(x) for x in inputs] + [None] * (n_slots - n_in)
-        for fn, args, out in steps:
-            env[out] = fn(*[env[a] for a in args])
+        for fn, args, out, node in steps:
+            try:
+                env[out] = fn(*[env[a] for a in args])
+            except Exception as e:  # name the op and the user's line that made it
+                note_failure(e, node, [cupy.asnumpy(env[a]) for a in args])
+                raise
         return [cupy.asnumpy(env[o]) for o in outputs]
 
     return Executable(graph, run, kernels(graph))

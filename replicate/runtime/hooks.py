@@ -128,6 +128,9 @@ def _os_exit(code):
     if comm is None or os.getpid() != _installed.get("pid"):
         _real_exit(code)
     code = int(code)
+    if getattr(comm, "size", 1) == 1:  # one process: only the launcher's record
+        finish(code)
+        _real_exit(code)
     if code != 0:
         abort(comm, code, f"[replicate] rank {comm.rank}: os._exit({code}){where()}; "
                           "aborting the job")
@@ -135,9 +138,8 @@ def _os_exit(code):
     finish(0)
     sys.stdout.flush()
     sys.stderr.flush()
-    if getattr(comm, "size", 1) > 1:
-        watchdog.close()  # the goodbye: a peer waiting for this rank reports it and aborts
-        _finalize_within(5.0)
+    watchdog.close()  # the goodbye: a peer waiting for this rank reports it and aborts
+    _finalize_within(5.0)
     _real_exit(0)
 
 
@@ -160,12 +162,14 @@ def _finalize_within(seconds: float) -> None:
 
 def install(comm) -> None:
     """Install the hooks for ``comm`` (the world of a job with more than one process; for one
-    process only ``os._exit`` is noted, for the launcher's record). Once per process."""
-    if _installed:
+    process started by the launcher only ``os._exit`` is noted, for its record; otherwise
+    nothing). Once per process."""
+    single = getattr(comm, "size", 1) == 1
+    if _installed or (single and status.record() is None):
         return
     _installed.update(comm=comm, pid=os.getpid())
     os._exit = _os_exit
-    if getattr(comm, "size", 1) == 1:
+    if single:
         return
     previous_thread = threading.excepthook
 

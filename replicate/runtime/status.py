@@ -87,6 +87,16 @@ def _connect(path: str, rank) -> None:
     except OSError:
         return
     _LINK.append(link)
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _forget() -> None:
+    """In a forked child (an input worker): the record and the link are the parent's."""
+    global _RECORD
+    _RECORD = None
+    for link in _LINK:
+        link.close()
+    _LINK.clear()
 
 
 def record() -> Record | None:
