@@ -321,3 +321,18 @@ def test_the_launcher_passes_module_and_arguments(tmp_path):
     assert result.returncode == 0, report(result)
     for rank in (0, 1):
         assert f"rank {rank} args ['x', '--y']" in result.stdout, report(result)
+
+
+def test_local_variables_and_generators_are_left_out_of_the_configuration():
+    import replicate as rp
+    import replicate.numpy as rnp
+    from replicate.runtime.config import fields
+
+    rep = rp.Replicator(lambda ctx: iter([]), lambda batch: None)
+    before = fields(rep)["variables"]
+    own = [rp.Variable(np.zeros(2), local=True), rnp.random.Generator(local=True)]
+    assert fields(rep)["variables"] == before
+    shared = rp.Variable(np.zeros((2, 3), np.float32))
+    assert fields(rep)["variables"] == before + [((2, 3), "float32")]
+    del own, shared
+    assert fields(rep)["variables"] == before  # gone with the last reference

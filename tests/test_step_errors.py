@@ -10,7 +10,7 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 from replicate.backends import available
-from replicate.graph.primitives import index_bounds_error
+from replicate.graph.index_check import index_bounds_error
 
 BACKENDS = ["numpy", "jax", pytest.param("cupy", marks=pytest.mark.skipif(
     "cupy" not in available(), reason="needs CuPy and an NVIDIA GPU (CuPy wraps an out-of-range "

@@ -21,8 +21,9 @@ import cupyx
 
 from ..debug import debug_enabled
 from ..errors import ReplicateError
+from ..graph.index_check import index_bounds_error
 from ..graph.interpret import note_failure
-from ..graph.primitives import REGISTRY, index_bounds_error, index_tuple
+from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import IMPL
 from . import cuda_codegen
 from .base import Executable

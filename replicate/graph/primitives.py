@@ -260,42 +260,6 @@ def index_tuple(index, arrays):
     return tuple(out)
 
 
-def index_bounds_error(shape, index, arrays, xp=np) -> str | None:
-    """NumPy's message for the first index array holding an index outside its axis of an array
-    of ``shape`` indexed by ``index`` (``index_tuple``'s spec), or None when all are inside.
-
-    For backends whose indexing does not check (CuPy wraps an out-of-range index around, XLA
-    clamps it): one reduction over the index arrays, read once on the host.
-
-    >>> index_bounds_error((10, 4), (("array", 0),), [np.array([1, 12])])
-    'index 12 is out of bounds for axis 0 with size 10'
-    >>> index_bounds_error((10, 4), (("slice", None, None, None), ("array", 0)), [np.array([-4])])
-    """
-    consumed = sum(entry[0] in ("int", "slice", "array") for entry in index)
-    axes, axis = [], 0
-    for entry in index:
-        if entry[0] == "ellipsis":
-            axis += len(shape) - consumed
-        elif entry[0] == "array":
-            axes.append((axis, arrays[entry[1]]))
-            axis += 1
-        elif entry[0] in ("int", "slice"):
-            axis += 1
-    checks = [(ax, idx, shape[ax]) for ax, idx in axes if ax < len(shape)]
-    if not checks:
-        return None
-    bad = [xp.any((idx < -n) | (idx >= n)) for _, idx, n in checks]
-    flags = xp.stack(bad) if len(bad) > 1 else bad[0].reshape(1)
-    if not bool(flags.any()):
-        return None
-    for (ax, idx, n), flag in zip(checks, flags.tolist() if hasattr(flags, "tolist") else flags):
-        if flag:
-            values = idx.reshape(-1)
-            first = values[xp.argmax((values < -n) | (values >= n))]
-            return f"index {int(first)} is out of bounds for axis {ax} with size {n}"
-    return None
-
-
 def _dummy(shape, dtype):
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
 

@@ -139,11 +139,12 @@ class Generator:
     True
     """
 
-    def __init__(self, seed: int | None = None, name: str = "rng"):
+    def __init__(self, seed: int | None = None, name: str = "rng", *, local: bool = False):
         from ..state import Variable  # state sits above the op namespace (it installs its ops)
 
         self.seed = default_seed() if seed is None else int(seed)
-        self.state = Variable(key(self.seed).numpy(), name=name)
+        # local=True: this process's own stream (an actor's, or one made on one rank only)
+        self.state = Variable(key(self.seed).numpy(), name=name, local=local)
 
     def next_key(self):
         """A fresh key; advances the generator's state."""

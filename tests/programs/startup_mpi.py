@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import replicate as rp  # noqa: E402
 import replicate.numpy as rnp  # noqa: E402
 
+
 def say(text):
     """One line in one write (several ranks share the terminal: print writes the end apart)."""
     sys.stdout.write(text + "\n")
