@@ -16,6 +16,7 @@ from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scat
 from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond, switch
+from .custom import custom_vjp
 from .errors import (
     CheckpointError,
     CollectiveMismatchError,
@@ -39,6 +40,8 @@ from .runtime import Replicator, callbacks, checkpoint, data
 from .runtime.data import shard_batches
 from .state import Variable
 
+stop_gradient = numpy.stop_gradient  # (also rnp.stop_gradient)
+
 __version__ = "0.1.0"
 
 if runtime.comm.launched_by_mpi():  # under mpiexec: MPI, and the hooks that end the job when a
@@ -52,5 +55,5 @@ __all__ = [
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
-    "ReplicaContextError", "ConfigMismatchError",
+    "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient",
 ]

@@ -347,6 +347,9 @@ declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative:
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")
 declare("cast", ELEMENTWISE, _cast, cuda="(({t}){a})")
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, view=True, cuda="{a}")
+# rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
+# function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
+declare("custom_vjp", STRUCTURAL, lambda value, *args, rule: value, view=True)
 
 for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     declare(_name, REDUCTION, _reduce_nonempty if _name in ("reduce_max", "reduce_min")

@@ -167,7 +167,14 @@ def _permute(g, out, needs, x, *, num_replicas, replica, seq, shift):
                             replica=replica),)
 
 
+def _custom_vjp(g, out, needs, value, *args, rule):
+    """``rp.custom_vjp``: the user's ``bwd`` gives the arguments' cotangents; none reaches the
+    value's own graph (the forward's internals)."""
+    return (None, *rule.cotangents(g, needs[1:], args))
+
+
 VJP = RuleTable("vjp", {
+    "custom_vjp": _custom_vjp,
     "neg": _unary(lambda g, out, x: -g),
     "abs": _unary(lambda g, out, x: g * rnp.sign(x)),
     "exp": _unary(lambda g, out, x: g * out),

@@ -1,0 +1,145 @@
+"""``rp.custom_vjp`` (issue 15, custom gradients): the user's ``bwd`` is used in eager and graph
+mode, under grad-of-grad, inside a Replicator step; misuse is a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import replicate as rp
+import replicate.numpy as rnp
+
+
+def compiled(fn, mode):
+    """``fn`` as run in ``mode``: eager, graph (NumPy backend) or jax (JAX backend)."""
+    if mode == "eager":
+        return lambda x: fn(rnp.asarray(x))
+    return rp.function(fn, backend="numpy" if mode == "graph" else "jax")
+
+
+@rp.custom_vjp
+def softplus(x):
+    return rnp.log(1.0 + rnp.exp(x))
+
+
+def _softplus_fwd(x):
+    return softplus(x), x  # JAX's idiom: fwd calls the function itself
+
+
+def _softplus_bwd(x, g):
+    return (g * rnp.where(x > 0, 1.0 / (1.0 + rnp.exp(-x)), rnp.exp(x) / (1.0 + rnp.exp(x))),)
+
+
+softplus.defvjp(_softplus_fwd, _softplus_bwd)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "jax"])
+def test_the_users_rule_replaces_the_derived_gradient(mode):
+    """At x = 100 (float32) the derived gradient exp(x)/(1+exp(x)) is inf/inf = NaN."""
+    def step(x):
+        return rp.grad(rnp.sum(softplus(x)), x)
+
+    x = np.array([-3.0, 0.0, 100.0], np.float32)
+    got = np.asarray(compiled(step, mode)(x))
+    np.testing.assert_allclose(got, 1.0 / (1.0 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+
+
+@rp.custom_vjp
+def cube(x):
+    return x * x * x
+
+
+cube.defvjp(lambda x: (cube(x), x), lambda x, g: (g * 3.0 * x * x,))
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "jax"])
+def test_grad_of_grad_goes_through_a_differentiable_bwd(mode):
+    def second(x):
+        return rp.grad(rp.grad(cube(x), x), x)
+
+    assert float(compiled(second, mode)(np.float64(2.0))) == 12.0
+
+
+@rp.custom_vjp
+def scaled(x, y, factor):
+    return x * y * factor, x - y
+
+
+def _scaled_fwd(x, y, factor):
+    return scaled(x, y, factor), (x, y, factor)
+
+
+def _scaled_bwd(res, g):
+    x, y, factor = res
+    g_prod, g_diff = g
+    return g_prod * y * factor + g_diff, None, None  # no gradient for y (on purpose) or factor
+
+
+scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_several_arguments_and_outputs(mode):
+    """Two outputs (bwd once per output that gets a gradient, summed), a None cotangent, a
+    Python number among the arguments, a Variable as an argument."""
+    w = rp.Variable(np.array([1.0, 2.0]), name="w")
+
+    def step(x):
+        prod, diff = scaled(x, w, 3.0)
+        loss = rnp.sum(prod) + 2.0 * rnp.sum(diff)
+        return rp.grad(loss, [x, w])
+
+    fn = step if mode == "eager" else rp.function(step)
+    x = np.array([5.0, 7.0])
+    gx, gw = fn(rnp.asarray(x)) if mode == "eager" else fn(x)
+    np.testing.assert_allclose(np.asarray(gx), np.array([1.0, 2.0]) * 3.0 + 2.0)
+    np.testing.assert_allclose(np.asarray(gw), 0.0)  # bwd said None: no gradient
+
+
+@pytest.mark.parametrize("mode,k", [("graph", 2), ("eager", 1)])
+def test_inside_a_replicator_step(mode, k):
+    w = rp.Variable(np.array([0.5, -0.5]), name="w")
+
+    def input_fn(ctx):
+        while True:
+            yield np.array([100.0, -100.0]) * (ctx.replica_id + 1)
+
+    def step_fn(x):
+        loss = rnp.sum(softplus(x * w))
+        g = rp.all_reduce(rp.grad(loss, w), "mean")
+        w.assign(w - 0.1 * g)
+        return {"g": g}
+
+    hist = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k).run(2)
+    assert all(np.isfinite(h["g"]).all() for h in hist)
+    # step 1: d/dw softplus(x w) = x sigmoid(x w); sigmoid(50) = 1, sigmoid(50) = 1 (x = -100)
+    expected = np.mean([np.array([100.0, -100.0]) * (r + 1) for r in range(k)], axis=0)
+    np.testing.assert_allclose(hist[0]["g"], expected, rtol=1e-6)
+
+
+def test_misuse_is_a_clear_error():
+    @rp.custom_vjp
+    def f(x):
+        return x * 2.0
+
+    with pytest.raises(rp.ReplicateError, match=r"no gradient rule; call f.defvjp\(fwd, bwd\)"):
+        f(rnp.asarray(1.0))
+    f.defvjp(lambda x: (f(x), None), lambda res, g: g)  # not a tuple
+    x = rnp.asarray(1.0)
+    with pytest.raises(rp.ReplicateError, match="bwd must return a tuple with one cotangent per "
+                                               "positional argument"):
+        rp.grad(f(x), x)
+    f.defvjp(lambda x: (f(x), None), lambda res, g: (rnp.ones(3),))
+    with pytest.raises(rp.ShapeError, match="cotangent of shape \\(3,\\) for an argument of "
+                                           "shape \\(\\)"):
+        rp.grad(f(x), x)
+    f.defvjp(lambda x: f(x), lambda res, g: (g,))
+    with pytest.raises(rp.ReplicateError, match="fwd must return \\(output, residuals\\)"):
+        f(x)
+    with pytest.raises(rp.ReplicateError, match="pass the arguments by position"):
+        f(x=x)
+
+
+def test_stop_gradient_is_public():
+    x = rnp.asarray(3.0)
+    assert float(rp.grad(x * rp.stop_gradient(x), x)) == 3.0
