@@ -81,6 +81,11 @@ class CustomRule:
         return out
 
 
+def _read(x):
+    """A Variable's current value as an Array; anything else as it is."""
+    return x.read() if hasattr(x, "read") and not isinstance(x, Array) else x
+
+
 def _describe(value) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
@@ -112,6 +117,9 @@ class custom_vjp:  # noqa: N801 - the name users know from JAX
                                  f"{self.__name__}.defvjp(fwd, bwd) first")
         if self._inside:  # fwd calls the function itself: the plain function
             return self.fun(*args)
+        # Variables are read first: fwd and the gradient see one Array per argument (a fwd that
+        # returned a Variable argument unchanged would otherwise bypass the rule)
+        args = tuple(tree.tree_map(_read, arg) for arg in args)
         self._inside += 1
         try:
             result = self.fwd(*args)
@@ -124,11 +132,9 @@ class custom_vjp:  # noqa: N801 - the name users know from JAX
         arg_trees, arrays = [], []
         for arg in args:
             leaves, treedef = tree.flatten(arg)
-            leaves = [x.read() if hasattr(x, "read") and not isinstance(x, Array) else x
-                      for x in leaves]
             arg_trees.append((treedef, [isinstance(x, Array) for x in leaves]))
             arrays.extend(x for x in leaves if isinstance(x, Array))
-        outputs, out_tree = tree.flatten(output)
+        outputs, out_tree = tree.flatten(tree.tree_map(_read, output))
         wrapped = []
         for i, leaf in enumerate(outputs):
             if isinstance(leaf, Array) and is_float(leaf.dtype):

@@ -143,3 +143,35 @@ def test_misuse_is_a_clear_error():
 def test_stop_gradient_is_public():
     x = rnp.asarray(3.0)
     assert float(rp.grad(x * rp.stop_gradient(x), x)) == 3.0
+
+
+@pytest.mark.parametrize("mode,k", [("graph", 2), ("eager", 1)])
+def test_across_two_processes(mode, k):
+    from conftest import have_mpi, mpirun, report
+
+    if not have_mpi():
+        pytest.skip("needs mpi4py and mpiexec (mpich wheel)")
+    result = mpirun("custom_vjp_mpi.py", mode, str(k), check=True)
+    replicas = 2 * k  # replica r's slopes (0.5, 4) (r + 1), each clipped to at most 1
+    g = np.mean([np.minimum(np.array([0.5, 4.0]) * (r + 1), 1.0) for r in range(replicas)], 0)
+    for rank in (0, 1):
+        assert f"rank {rank} g {g.tolist()} w {(1.0 - g).tolist()}" in result.stdout, \
+            report(result)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_variable_returned_unchanged_by_fwd_still_takes_the_rule(mode):
+    """fwd = identity on a Variable argument: the output must still pass through the rule (it
+    once came back as the Variable itself and the gradient bypassed bwd, silently)."""
+    @rp.custom_vjp
+    def clip_gradient(x):
+        return x
+
+    clip_gradient.defvjp(lambda x: (x, None), lambda res, g: (rnp.clip(g, -1.0, 1.0),))
+    w = rp.Variable(np.array([1.0, 1.0]), name="w")
+
+    def step(x):
+        return rp.grad(rnp.sum(clip_gradient(w) * x), w)
+
+    got = compiled(step, mode)(np.array([0.5, 4.0]))
+    np.testing.assert_allclose(np.asarray(got), [0.5, 1.0])
