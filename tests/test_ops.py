@@ -679,6 +679,17 @@ case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=Fals
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((), I32), grad=False)
 
 
+@rp.custom_vjp
+def _twice(x):
+    """x * 2 with its gradient written by hand (the custom_vjp primitive, on every backend)."""
+    return x * 2.0
+
+
+_twice.defvjp(lambda x: (_twice(x), None), lambda residuals, g: (g * 2.0,))
+case("custom_vjp", _twice, lambda x: x * 2.0, In((2, 3), F64))
+case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
+
+
 
 def differentiable(c: Case) -> bool:
     """Float64 inputs, floating-point outputs, and not excluded by the case."""
