@@ -17,11 +17,13 @@
 positional argument of the function (a nest like the argument, or ``None`` for none), ``g``
 being the cotangent of the output (a nest like it). Both are written with ``replicate.numpy`` ops,
 so they run eagerly or are traced like any other code, and ``bwd`` is differentiable again
-(grad-of-grad) when its ops are. How it works: each floating-point output leaf passes through a
-``custom_vjp`` node whose other inputs are the function's array arguments; the gradient walk
-calls ``bwd`` at that node and does not enter the forward's own graph. With several output
-leaves ``bwd`` is called once per leaf that receives a gradient (the others' cotangents zero) and
-the results are summed — the same by linearity, at the cost of extra ``bwd`` calls.
+(grad-of-grad) when its ops are. How it works: the first floating-point output leaf passes
+through a ``custom_vjp`` node whose other inputs are the function's array arguments; the
+gradient walk calls ``bwd`` at that node and does not enter the forward's own graph. Every other
+floating-point output leaf passes through a ``custom_vjp`` node that depends on the first, so
+the walk meets it earlier and it hands its cotangent over: ``bwd`` runs once, with every
+output's cotangent (zeros for the unused ones), as in JAX — a ``bwd`` that is not linear in
+``g`` (a clip by the global norm) is right too.
 """
 
 from __future__ import annotations
@@ -35,31 +37,50 @@ from .graph.primitives import is_float
 from .numpy import as_array, cast, zeros_like
 
 
-class CustomRule:
-    """What the gradient walk needs at one output leaf of one call: ``bwd``, the residuals, the
-    output's structure and this leaf's place in it, the arguments' structure."""
+class CustomCall:
+    """One call of a custom_vjp function: ``bwd``, the residuals, the output's structure, the
+    arguments' structure, and the cotangents of its outputs gathered so far in a gradient walk."""
 
-    def __init__(self, fn, residuals, outputs, out_tree, index, arg_trees):
+    def __init__(self, fn, residuals, outputs, out_tree, arg_trees):
         self.fn, self.residuals = fn, residuals
-        self.outputs, self.out_tree, self.index = outputs, out_tree, index
+        self.outputs, self.out_tree = outputs, out_tree
         self.arg_trees = arg_trees  # per positional argument: (treedef, [is an array leaf])
+        self.pending: dict[int, Array] = {}  # output index -> its cotangent, until bwd runs
+
+
+class CustomRule:
+    """The ``rule`` attribute of one ``custom_vjp`` node: output ``index`` of ``call``. The first
+    floating-point output's node has the call's arguments as inputs and runs ``bwd``; every other
+    output's node has that first output as its input, so the gradient walk reaches them first:
+    they hand their cotangents over (``pending``) and ``bwd`` runs once with all of them."""
+
+    def __init__(self, call, index, gather):
+        self.call, self.index, self.gather = call, index, gather
 
     def __repr__(self):
-        return f"<custom_vjp {self.fn.__name__}>"
+        return f"<custom_vjp {self.call.fn.__name__} output {self.index}>"
 
     def cotangents(self, g, needs, args):
-        """One cotangent (or None) per array argument of the call, from ``bwd``."""
-        cts = [g if i == self.index else
-               (zeros_like(leaf) if isinstance(leaf, Array) else None)
-               for i, leaf in enumerate(self.outputs)]
-        result = self.fn.bwd(self.residuals, tree.unflatten(self.out_tree, cts))
-        name = self.fn.__name__
-        if not isinstance(result, (tuple, list)) or len(result) != len(self.arg_trees):
+        """The node's inputs' cotangents: for another output, a zero for the first one (so that
+        its node runs ``bwd`` even when only this output is used); for the first output, one
+        cotangent (or None) per array argument of the call, from ``bwd``."""
+        call = self.call
+        if self.gather:
+            call.pending[self.index] = g
+            return [zeros_like(args[0]) if needs[0] else None]
+        cts = [g if i == self.index else call.pending.pop(i, None) for i in
+               range(len(call.outputs))]
+        call.pending.clear()
+        cts = [zeros_like(leaf) if ct is None and isinstance(leaf, Array) else ct
+               for ct, leaf in zip(cts, call.outputs)]
+        result = call.fn.bwd(call.residuals, tree.unflatten(call.out_tree, cts))
+        name = call.fn.__name__
+        if not isinstance(result, (tuple, list)) or len(result) != len(call.arg_trees):
             raise ReplicateError(
                 f"custom_vjp {name}: bwd must return a tuple with one cotangent per positional "
-                f"argument ({len(self.arg_trees)}), got {_describe(result)}")
+                f"argument ({len(call.arg_trees)}), got {_describe(result)}")
         flat = []
-        for k, (ct, (_, is_array)) in enumerate(zip(result, self.arg_trees)):
+        for k, (ct, (_, is_array)) in enumerate(zip(result, call.arg_trees)):
             if ct is None:
                 flat.extend(None for a in is_array if a)
                 continue
@@ -135,11 +156,15 @@ class custom_vjp:  # noqa: N801 - the name users know from JAX
             arg_trees.append((treedef, [isinstance(x, Array) for x in leaves]))
             arrays.extend(x for x in leaves if isinstance(x, Array))
         outputs, out_tree = tree.flatten(tree.tree_map(_read, output))
-        wrapped = []
+        call = CustomCall(self, residuals, outputs, out_tree, arg_trees)
+        wrapped, first = [], None
         for i, leaf in enumerate(outputs):
             if isinstance(leaf, Array) and is_float(leaf.dtype):
-                rule = CustomRule(self, residuals, outputs, out_tree, i, arg_trees)
-                leaf = bind("custom_vjp", leaf, *arrays, rule=rule)
+                if first is None:
+                    leaf = first = bind("custom_vjp", leaf, *arrays,
+                                        rule=CustomRule(call, i, gather=False))
+                else:
+                    leaf = bind("custom_vjp", leaf, first, rule=CustomRule(call, i, gather=True))
             wrapped.append(leaf)
         return tree.unflatten(out_tree, wrapped)
 

@@ -80,8 +80,8 @@ scaled.defvjp(_scaled_fwd, _scaled_bwd)
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_several_arguments_and_outputs(mode):
-    """Two outputs (bwd once per output that gets a gradient, summed), a None cotangent, a
-    Python number among the arguments, a Variable as an argument."""
+    """Two outputs, a None cotangent, a Python number among the arguments, a Variable as an
+    argument."""
     w = rp.Variable(np.array([1.0, 2.0]), name="w")
 
     def step(x):
@@ -175,3 +175,34 @@ def test_a_variable_returned_unchanged_by_fwd_still_takes_the_rule(mode):
 
     got = compiled(step, mode)(np.array([0.5, 4.0]))
     np.testing.assert_allclose(np.asarray(got), [0.5, 1.0])
+
+
+@rp.custom_vjp
+def pair(x):
+    return x, 2.0 * x
+
+
+def _clip_by_global_norm_bwd(res, g):
+    """Not linear in g: the cotangents of both outputs clipped together to norm 1."""
+    g_a, g_b = g
+    norm = rnp.sqrt(rnp.sum(g_a * g_a) + rnp.sum(g_b * g_b))
+    scale = rnp.minimum(1.0, 1.0 / norm)
+    return (scale * (g_a + 2.0 * g_b),)
+
+
+pair.defvjp(lambda x: (pair(x), None), _clip_by_global_norm_bwd)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "jax"])
+@pytest.mark.parametrize("use", ["both", "second"])
+def test_bwd_sees_every_outputs_cotangent_at_once(mode, use):
+    """bwd runs once with both outputs' cotangents (JAX's contract). Called once per output
+    with the other zeroed and summed, it gave 3.0 instead of 2.2 here: a silent wrong number."""
+    def step(x):
+        a, b = pair(x)
+        loss = 4.0 * rnp.sum(b) + (3.0 * rnp.sum(a) if use == "both" else 0.0)
+        return rp.grad(loss, x)
+
+    got = float(compiled(step, mode)(np.float64(1.0)))
+    # both: g = (3, 4), norm 5, scale 0.2 -> 0.2 (3 + 8) = 2.2; second only: g = (0, 4) -> 2.0
+    assert got == pytest.approx(2.2 if use == "both" else 2.0, rel=1e-12)
