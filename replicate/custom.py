@@ -23,14 +23,15 @@ gradient walk calls ``bwd`` at that node and does not enter the forward's own gr
 floating-point output leaf passes through a ``custom_vjp`` node that depends on the first, so
 the walk meets it earlier and it hands its cotangent over: ``bwd`` runs once, with every
 output's cotangent (zeros for the unused ones), as in JAX — a ``bwd`` that is not linear in
-``g`` (a clip by the global norm) is right too.
+``g`` (a clip by the global norm) is right too. A floating-point Variable that ``fwd`` reads must be
+one of the arguments (it is an error otherwise: its gradient could not flow through ``bwd``).
 """
 
 from __future__ import annotations
 
 import functools
 
-from . import tree
+from . import state, tree
 from .errors import ReplicateError, ShapeError
 from .graph.core import Array, bind
 from .graph.primitives import is_float
@@ -140,12 +141,28 @@ class custom_vjp:  # noqa: N801 - the name users know from JAX
             return self.fun(*args)
         # Variables are read first: fwd and the gradient see one Array per argument (a fwd that
         # returned a Variable argument unchanged would otherwise bypass the rule)
+        passed = {id(x) for arg in args for x in tree.flatten(arg)[0]}
         args = tuple(tree.tree_map(_read, arg) for arg in args)
+        closed = {}
+
+        def observe(var):  # a Variable fwd reads without taking it as an argument
+            if id(var) not in passed and is_float(var.dtype):
+                closed.setdefault(id(var), var)
+
         self._inside += 1
+        state.read_observers.append(observe)
         try:
             result = self.fwd(*args)
         finally:
+            state.read_observers.remove(observe)
             self._inside -= 1
+        if closed:
+            names = ", ".join(repr(v.name) for v in closed.values())
+            raise ReplicateError(
+                f"custom_vjp {self.__name__}: fwd reads the Variable(s) {names} without taking "
+                "them as arguments: their gradient would not flow through bwd (it would be zero, "
+                "silently). Pass them as arguments (bwd may return None for one that needs no "
+                "gradient).")
         if not isinstance(result, tuple) or len(result) != 2:
             raise ReplicateError(f"custom_vjp {self.__name__}: fwd must return (output, "
                                  f"residuals), got {type(result).__name__}")

@@ -34,6 +34,9 @@ _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation o
 
 # Called with each variable on an eager read while a Replicator runs (it syncs values from rank 0).
 eager_read_hook = None
+# Called with each variable read (traced or eager), innermost last: rp.custom_vjp finds the
+# Variables its fwd reads without taking them as arguments.
+read_observers: list = []
 # Called with each variable before an eager write while a Replicator runs (with check_finite it
 # keeps the old value, so a step whose update is not finite can be taken back).
 eager_write_hook = None
@@ -70,6 +73,9 @@ class Variable:
 
     def read(self) -> Array:
         """The current value as an Array (a graph input when traced)."""
+        if read_observers:
+            for observe in read_observers:
+                observe(self)
         trace = current_trace()
         if trace is not None:
             return trace.read_variable(self)

@@ -206,3 +206,24 @@ def test_bwd_sees_every_outputs_cotangent_at_once(mode, use):
     got = float(compiled(step, mode)(np.float64(1.0)))
     # both: g = (3, 4), norm 5, scale 0.2 -> 0.2 (3 + 8) = 2.2; second only: g = (0, 4) -> 2.0
     assert got == pytest.approx(2.2 if use == "both" else 2.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_variable_read_inside_fwd_but_not_passed_is_an_error(mode):
+    """A PyTorch habit: the custom function uses the model's weight from the enclosing scope.
+    Its gradient cannot flow through bwd; it would be silently zero, so it is an error."""
+    w = rp.Variable(np.array([2.0, 3.0]), name="w")
+    step_count = rp.Variable(np.zeros((), np.int64), name="count")  # no gradient: allowed
+
+    @rp.custom_vjp
+    def scale(x):
+        return x * w + rnp.cast(step_count, np.float64)
+
+    scale.defvjp(lambda x: (scale(x), None), lambda res, g: (g * 2.0,))
+
+    def step(x):
+        return rp.grad(rnp.sum(scale(x)), w)
+
+    with pytest.raises(rp.ReplicateError, match="fwd reads the Variable\\(s\\) 'w' without "
+                                               "taking them as arguments"):
+        compiled(step, mode)(np.array([1.0, 1.0]))
