@@ -165,16 +165,19 @@ def innermost_user_line(tb) -> str | None:
 
 
 def user_traceback(tb):
-    """``tb`` without the frames inside this package (the user's frames tell where; ours are
-    noise). ``REPLICATE_DEBUG=traceback`` keeps every frame."""
+    """``tb`` without the frames inside this package, nor those of ``runpy`` (through which
+    ``python -m replicate`` runs a script): the user's frames tell where; ours are noise.
+    ``REPLICATE_DEBUG=traceback`` keeps every frame."""
     import types
 
     if "traceback" in os.environ.get("REPLICATE_DEBUG", ""):
         return tb
     frames = []
     while tb is not None:
-        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep):
+        name = tb.tb_frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if not (path.startswith(_PACKAGE_DIR + os.sep) or name.endswith("runpy.py")
+                or name == "<frozen runpy>"):
             frames.append(tb)
         tb = tb.tb_next
     out = None

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -115,8 +117,6 @@ class Exits:
     close theirs."""
 
     def __init__(self, folder: str):
-        import socket
-
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(os.path.join(folder, status.SOCKET))
         self.server.listen(1024)
@@ -127,8 +127,6 @@ class Exits:
 
     def wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for ranks to connect, say their rank, or end."""
-        import select
-
         ready, _, _ = select.select([self.server, *self.conns], [], [], seconds)
         batch = []
         for sock in ready:

@@ -95,7 +95,6 @@ def _differ(rep, mine, where) -> None:
 def _with_names(mine) -> dict:
     """The fields, with each variable's name and creation line for the report."""
     named = dict(mine)
-    named["variables"] = mine["variables"]
     named["names"] = [(v.name, v.created_at) for v in _shared_variables()]
     return named
 

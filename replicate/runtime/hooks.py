@@ -34,25 +34,9 @@ _real_exit = real_exit = os._exit  # (the hooks replace os._exit; the library ex
 _installed = {}  # "comm": the communicator the hooks abort; "pid": the process they belong to
 
 
-def _not_runpy(tb):
-    """``tb`` without the frames of ``runpy`` (the bootstrap runs the script through it)."""
-    import types
-
-    frames = []
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if not (name.endswith("runpy.py") or name == "<frozen runpy>"):
-            frames.append(tb)
-        tb = tb.tb_next
-    out = None
-    for t in reversed(frames):
-        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
-    return out
-
-
 def print_traceback(kind, value, tb) -> None:
     """The traceback as Python prints it, without the bootstrap's and ``runpy``'s frames."""
-    traceback.print_exception(kind, value, _not_runpy(user_traceback(tb)), file=sys.stderr)
+    traceback.print_exception(kind, value, user_traceback(tb), file=sys.stderr)
     sys.stderr.flush()
 
 
@@ -63,7 +47,7 @@ def with_rank(rank, text: str) -> str:
 
 def format_failure(rank, head: str, kind, value, tb) -> str:
     """``head`` and the traceback (the user's frames), every line prefixed with the rank."""
-    text = "".join(traceback.format_exception(kind, value, _not_runpy(user_traceback(tb))))
+    text = "".join(traceback.format_exception(kind, value, user_traceback(tb)))
     return f"{head}\n" + with_rank(rank, text)
 
 
@@ -78,9 +62,8 @@ def where() -> str:
 def abort(comm, code: int, text: str):
     """Print ``text`` on stderr, mark this rank failed and end every rank of the job."""
     print(text, file=sys.stderr, flush=True)
-    status.set_state(status.FAILED, code or 1)
     watchdog.note_exit(code or 1)
-    comm.abort(code or 1)
+    comm.abort(code or 1)  # (which marks the launcher's record failed)
 
 
 def uncaught(comm, kind, value, tb) -> int:
@@ -89,7 +72,7 @@ def uncaught(comm, kind, value, tb) -> int:
     most 5 s, else abort) and return the exit code 1."""
     if getattr(value, "consistent", False):
         print(with_rank(comm.rank, "".join(traceback.format_exception(
-            kind, value, _not_runpy(user_traceback(tb))))), end="", file=sys.stderr, flush=True)
+            kind, value, user_traceback(tb)))), end="", file=sys.stderr, flush=True)
         status.set_state(status.FAILED, 1)
         watchdog.note_exit(1)
         if comm.meet(5.0):  # no rank exits (and has mpiexec end the rest) before all have said it
