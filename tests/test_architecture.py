@@ -266,7 +266,7 @@ def test_primitive_flags_follow_from_the_kind():
 
 
 def test_compile_options_know_every_pass():
-    assert list(PIPELINE) == ["const_fold", "cse", "dce", "bucketing", "fusion", "memory"]
+    assert list(PIPELINE) == ["const_fold", "cse", "dce", "bucketing", "widen", "fusion", "memory"]
     CompileOptions(disable=set(PIPELINE))
 
 

@@ -20,7 +20,7 @@ from .base import Executable
 from .numpy_memory import plan_memory
 
 name = "numpy"
-passes = ("const_fold", "cse", "dce", "bucketing", "fusion", "memory")
+passes = ("const_fold", "cse", "dce", "bucketing", "widen", "fusion", "memory")
 
 
 def _rsqrt(x, out):
@@ -54,7 +54,8 @@ def _reduction(ufunc):
 
 # elementwise primitives that can write into a given buffer: fn(*inputs, out=buffer, **attrs):
 # every one whose reference is a ufunc, and these
-OUT_UFUNCS = {name: fn for name, fn in IMPL.items()
+# (the reference rows unwrapped: the ``widen`` pass leaves no float16/bfloat16 arithmetic here)
+OUT_UFUNCS = {name: fn for name, fn in ((n, getattr(f, "__wrapped__", f)) for n, f in IMPL.items())
               if isinstance(fn, np.ufunc) and name in REGISTRY and REGISTRY[name].elementwise}
 OUT_UFUNCS.update({"rsqrt": _rsqrt, "select": _select, "cast": _cast, "div": _div,
                    "logistic": _logistic_np})

@@ -14,6 +14,7 @@ the communication thread while the step computes on).
 
 from __future__ import annotations
 
+from ..dtypes import is_float
 from ..errors import DTypeError, ShapeError, source_line, user_frame
 from .aval import AVal
 from .core import bind, current_trace
@@ -30,7 +31,7 @@ def _same(x, **_):
 def _float_mean(prim, x, op):
     """The mean of integers is not an integer: one rule in both modes and on every backend —
     an error asking for a float cast (never a truncated or zero result)."""
-    if op == "mean" and x.dtype.kind not in "fc":
+    if op == "mean" and not is_float(x.dtype):
         raise DTypeError(
             f"{prim}({x}, op='mean') at {source_line(user_frame())}: the mean of {x.dtype} "
             f"values is not {'a bool' if x.dtype.kind == 'b' else 'an integer'}; cast first "

@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..dtypes import is_float, is_supported
 from ..errors import DTypeError, MissingRuleError, ShapeError
 from .aval import AVal
 
@@ -105,10 +106,6 @@ def get(name: str) -> Primitive:
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
-def is_float(dtype) -> bool:
-    return np.dtype(dtype).name in FLOATS
-
-
 def _unary(a, **_):
     return a
 
@@ -174,9 +171,9 @@ def _select(c, a, b, **_):
 
 
 def _cast(a, dtype):
-    if np.dtype(dtype).kind not in "biuf":
+    if not is_supported(dtype):
         raise DTypeError(f"cannot cast to {np.dtype(dtype)}: the dtypes are bool, integers and "
-                         "floats")
+                         "floats (float16, bfloat16, float32, float64)")
     return AVal(a.shape, np.dtype(dtype))
 
 

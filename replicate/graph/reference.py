@@ -21,6 +21,7 @@ import functools
 
 import numpy as np
 
+from ..dtypes import LOW_PRECISION
 from .primitives import RuleTable, index_tuple, parse_einsum
 
 
@@ -165,6 +166,11 @@ ROWS = {
 }
 
 
+# primitives that only move or relabel data: NumPy runs them on float16/bfloat16 as they are
+MOVES = frozenset({"reshape", "transpose", "broadcast_to", "concatenate", "getitem", "const",
+                   "cast", "stop_gradient", "custom_vjp"})
+
+
 def table(xp, name: str, overrides=None) -> RuleTable:
     """The rule table of array module ``xp``: every row applied to it, then ``overrides``."""
     rules = {prim: row(xp) for prim, row in ROWS.items()}
@@ -172,7 +178,24 @@ def table(xp, name: str, overrides=None) -> RuleTable:
     return RuleTable(name, rules)
 
 
+def _widened(rule):
+    """``rule`` computing in float32 when an operand is float16 or bfloat16 (NumPy has no
+    bfloat16 kernels, and its float16 sums and products accumulate in float16); the caller
+    rounds the result to the node's dtype — one rounding per op, as XLA does on a CPU."""
+    def run(*xs, **attrs):
+        for x in xs:
+            if getattr(x, "dtype", None) in LOW_PRECISION:
+                xs = [x.astype(np.float32) if getattr(x, "dtype", None) in LOW_PRECISION else x
+                      for x in xs]
+                break
+        return rule(*xs, **attrs)
+    run.__wrapped__ = rule
+    return run
+
+
 IMPL = table(np, "numpy")
+for _prim in set(IMPL) - MOVES:
+    IMPL[_prim] = _widened(IMPL[_prim])
 
 
 def apply(impl, node, args):

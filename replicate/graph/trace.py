@@ -13,6 +13,7 @@ import contextlib
 import numpy as np
 
 from .. import tree
+from ..dtypes import is_supported
 from ..errors import ReplicateError, user_frame
 from .aval import AVal
 from .core import Array, Node, set_trace
@@ -145,7 +146,7 @@ def _leaf_key(x):
     if isinstance(x, (str, bytes)):
         return ("static", x)
     value = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-    if value.dtype.kind in "cOUSVMm":  # complex, objects, strings, records, dates
+    if not is_supported(value.dtype):  # complex, objects, strings, records, dates
         raise ReplicateError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
                              "traced function: the dtypes are bool, integers and floats")
     return (tuple(value.shape), value.dtype.str)

@@ -6,24 +6,24 @@ import numbers
 
 import numpy as np
 
+from ..dtypes import as_dtype, is_float, is_supported, result_type
 from ..errors import DTypeError, ReplicateError
 from ..graph.core import Array, bind, concrete
-from ..graph.primitives import is_float
 
 
 def as_array(x, dtype=None) -> Array:
     """Turn an Array, Variable, NumPy array or Python number into an Array."""
     if isinstance(x, Array):
-        return x if dtype is None or x.dtype == np.dtype(dtype) else cast(x, dtype)
+        return x if dtype is None or x.dtype == as_dtype(dtype) else cast(x, dtype)
     read = getattr(x, "read", None)
     if read is not None:
         return as_array(read(), dtype)
     if isinstance(x, (np.ndarray, np.generic, numbers.Number, list, tuple)):
         try:
-            value = np.asarray(x, dtype=dtype)
+            value = np.asarray(x, dtype=None if dtype is None else as_dtype(dtype))
         except (TypeError, ValueError, OverflowError) as e:
             raise ReplicateError(f"cannot make an array from {type(x).__name__}: {e}") from None
-        if value.dtype.kind in "cOUSVMm":  # complex, objects, strings, records, dates
+        if not is_supported(value.dtype):  # complex, objects, strings, records, dates
             raise DTypeError(f"cannot make an array from {type(x).__name__} of dtype "
                              f"{value.dtype}: the dtypes are bool, integers and floats")
         return concrete(value)
@@ -46,7 +46,7 @@ def result_dtype(*xs):
     if not xs:
         raise ReplicateError("no operands")
     try:
-        return np.result_type(*[dtype_key(x) for x in xs])
+        return result_type(*[dtype_key(x) for x in xs])
     except (TypeError, ValueError) as e:  # (a ragged list is a ValueError)
         raise ReplicateError(f"no common dtype: {e}") from None
 
@@ -72,7 +72,7 @@ def cast(x, dtype) -> Array:
     """
     x = as_array(x)
     try:
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
     except Exception:  # noqa: BLE001 - NumPy says TypeError, or SyntaxError for ","
         raise DTypeError(f"cast: {dtype!r} is not a dtype") from None
     if x.dtype == dtype:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import is_float
 from ..errors import DTypeError
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, promote
@@ -74,7 +75,7 @@ def power(a, b):
 
 def floor_divide(a, b):
     a, b = promote(a, b)
-    if np.issubdtype(a.dtype, np.floating):
+    if is_float(a.dtype):
         raise DTypeError("floor_divide of floats is not a primitive; use rnp.divide (and "
                          "rnp.floor of the result, when there is one)")
     return bind("div", a, b)

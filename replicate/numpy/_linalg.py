@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import is_float
 from ..errors import ReplicateError
 from ..graph.core import bind
 from ..graph.primitives import parse_einsum
@@ -137,7 +138,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
     """Max pooling over NCHW windows (padding counts as -inf, or the lowest integer)."""
     x = as_array(x)
     kernel = _pair(kernel_size, "kernel_size")
-    if x.dtype.kind == "f":
+    if is_float(x.dtype):
         lowest = -np.inf
     else:
         lowest = 0 if x.dtype.kind == "b" else np.iinfo(x.dtype).min

@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from ..dtypes import finfo, is_float
 from ..errors import ReplicateError
 from ..graph.core import bind
 from ._base import as_array, float_operand
@@ -72,14 +73,14 @@ def bernoulli(k, p=0.5, shape=None):
     """Booleans that are true with probability ``p``."""
     p = as_array(p)
     shape = p.shape if shape is None else tuple(shape)
-    return less(uniform(k, shape, p.dtype if p.dtype.kind == "f" else np.float32), p)
+    return less(uniform(k, shape, p.dtype if is_float(p.dtype) else np.float32), p)
 
 
 def categorical(k, logits, axis=-1):
     """Sample category indices from unnormalised log-probabilities (Gumbel-max)."""
     logits = float_operand(logits)
     u = uniform(k, logits.shape, logits.dtype)
-    tiny = np.finfo(logits.dtype).tiny
+    tiny = finfo(logits.dtype).tiny
     gumbel = negative(log(negative(log(u + tiny))))
     return argmax(logits + gumbel, axis=axis)
 

@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 
+from ..dtypes import as_dtype, bfloat16
 from ..errors import (
     CheckpointError,
     ReplicateError,
@@ -133,7 +134,12 @@ def _write(path, state, step, meta) -> None:
     """Rank 0's part of ``save``: a temporary file in the same folder, fsync, rename, fsync of the
     folder."""
     arrays = {f"var/{name}": np.asarray(var.value) for name, var in named_variables(state).items()}
-    info = {"step": int(step), "meta": meta or {}, "format": 2,
+    # .npy has no bfloat16: its bits are stored as uint16 and the info names the dtype
+    # (np.load(path)["var/w"].view(ml_dtypes.bfloat16))
+    dtypes = {key: "bfloat16" for key, value in arrays.items() if value.dtype == bfloat16}
+    for key in dtypes:
+        arrays[key] = arrays[key].view(np.uint16)
+    info = {"step": int(step), "meta": meta or {}, "format": 2, "dtypes": dtypes,
             "sha256": {key: digest(value) for key, value in arrays.items()}}
     arrays["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
@@ -191,6 +197,9 @@ def load(path: str) -> tuple[dict, dict]:
             if digest(value) != sums[key]:
                 raise CheckpointError(f"checkpoint {path!r} is corrupt: checksum mismatch in "
                                       f"{key[4:]!r}")
+    for key, name in info.get("dtypes", {}).items():
+        if key in arrays:
+            arrays[key] = arrays[key].view(as_dtype(name))
     return {k[4:]: v for k, v in arrays.items() if k.startswith("var/")}, info
 
 

@@ -17,11 +17,11 @@ import warnings
 import numpy as np
 
 from .. import tree
+from ..dtypes import is_supported
 from ..errors import InputError, function_location
 from ..graph.aval import AVal
 from ..graph.core import Array
 
-_BAD_KINDS = "OUSVMm"  # object, str, bytes, void, datetime, timedelta
 MAX_SIGNATURES = 8
 
 
@@ -45,14 +45,14 @@ def leaf_paths(treedef, prefix="") -> list[str]:
 def _leaf_problem(x) -> str | None:
     if isinstance(x, (Array, np.ndarray, np.generic, numbers.Number)) or hasattr(x, "read"):
         dtype = getattr(x, "dtype", None)
-        if dtype is not None and np.dtype(dtype).kind in _BAD_KINDS:
+        if dtype is not None and not is_supported(dtype):
             return f"an array of dtype {np.dtype(dtype)}"
         return None
     try:
         value = np.asarray(x)
     except Exception:  # noqa: BLE001 - ragged lists and stranger things
         return f"a {type(x).__name__} that is not an array"
-    if value.dtype.kind in _BAD_KINDS:
+    if not is_supported(value.dtype):
         return f"a {type(x).__name__} (dtype {value.dtype})"
     return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import LOW_PRECISION
 from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.reference import IMPL
@@ -46,8 +47,14 @@ def _eager(kind, x, num_replicas, attrs):
 
 def _all_reduce(x, *, num_replicas, replica, seq, op):
     comm = _eager("all_reduce", x, num_replicas, dict(op=op))
-    out = comm.allreduce(x, "sum" if op == "mean" else op)
-    return out / num_replicas if op == "mean" else out
+    out = comm.allreduce(_wide(x, op), "sum" if op == "mean" else op)
+    out = out / num_replicas if op == "mean" else out
+    return out.astype(x.dtype) if out.dtype != x.dtype else out
+
+
+def _wide(x, op):
+    """A float16/bfloat16 sum is taken in float32 and rounded once (as in graph mode)."""
+    return x.astype(np.float32) if x.dtype in LOW_PRECISION and op in ("sum", "mean") else x
 
 
 def _broadcast(x, *, num_replicas, replica, seq, root):
@@ -66,9 +73,11 @@ def _all_gather(x, *, num_replicas, replica, seq, axis, tiled):
 
 def _reduce_scatter(x, *, num_replicas, replica, seq, op, axis):
     gathered = _eager("reduce_scatter", x, num_replicas, dict(op=op, axis=axis)).allgather(x)
+    gathered = _wide(gathered, op)
     total = gathered.sum(0) if op in ("sum", "mean") else getattr(gathered, op)(0)
     if op == "mean":
         total = total / num_replicas
+    total = total.astype(x.dtype)
     chunk = x.shape[axis] // num_replicas
     return np.take(total, np.arange(replica * chunk, (replica + 1) * chunk), axis=axis)
 

@@ -17,6 +17,7 @@ import contextlib
 import numpy as np
 
 from .. import tree
+from ..dtypes import is_float, is_low_precision
 from ..errors import NonFiniteError, source_line
 from ..graph.interpret import eval_graph
 from ..graph.primitives import REGISTRY
@@ -26,9 +27,9 @@ from .checks import leaf_paths
 
 def _bad(value) -> str | None:
     a = np.asarray(value)
-    if a.dtype.kind not in "fc" or a.size == 0:
+    if not is_float(a.dtype) or a.size == 0:
         return None
-    finite = np.isfinite(a)
+    finite = np.isfinite(a.astype(np.float32) if is_low_precision(a.dtype) else a)
     if finite.all():
         return None
     kinds = [name for name, hit in (("nan", np.isnan(a).any()), ("inf", np.isinf(a).any()))

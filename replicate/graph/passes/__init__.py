@@ -12,13 +12,16 @@ from .cse import cse
 from .dce import dce
 from .fusion import fuse
 from .replicate_collectives import replicate_collectives
+from .widen import widen
 
 PIPELINE = {
     "const_fold": lambda g, o, backend=None: const_fold(g),
     "cse": lambda g, o, backend=None: cse(g),
     "dce": lambda g, o, backend=None: dce(g),
     "bucketing": lambda g, o, backend=None: bucketing(g, o.bucket_bytes, o.compress, o.overlap),
+    "widen": lambda g, o, backend=None: widen(g),
     "fusion": lambda g, o, backend=None: fuse(g, getattr(backend, "fusion_accepts", None)),
 }
 
-__all__ = ["PIPELINE", "bucketing", "const_fold", "cse", "dce", "fuse", "replicate_collectives"]
+__all__ = ["PIPELINE", "bucketing", "const_fold", "cse", "dce", "fuse", "replicate_collectives",
+           "widen"]

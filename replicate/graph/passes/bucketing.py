@@ -21,9 +21,8 @@ and the thread runs them in that order, so results are bitwise those of the unbu
 
 from __future__ import annotations
 
-import numpy as np
-
 from ... import numpy as rnp
+from ...dtypes import is_float
 from ..core import Graph, bind
 from ..rebuild import Rebuilder
 
@@ -115,7 +114,7 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
             flats.append(rnp.reshape(x, (-1,)) if x.ndim != 1 else x)
         flat = flats[0] if len(flats) == 1 else rnp.concatenate(flats, 0)
         dtype = flat.dtype
-        if compress is not None and np.issubdtype(dtype, np.floating):
+        if compress is not None and is_float(dtype) and dtype.itemsize > 2:
             flat = rnp.cast(flat, compress)
         attrs = dict(members[0].node.attrs, bucket=b)
         if flat is not flats[0]:  # a fresh buffer nobody else reads: reduce over it in place

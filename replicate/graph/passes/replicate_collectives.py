@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import numpy as rnp
+from ...dtypes import is_low_precision
 from ...errors import CollectiveMismatchError, ReplicaContextError, source_line
 from ..core import Graph, bind
 from ..primitives import REGISTRY, RuleTable
@@ -83,6 +84,10 @@ class _Where:
 
 
 def _reduced(g, inputs, op):
+    dtype = inputs[0].dtype
+    if is_low_precision(dtype) and op in ("sum", "mean") and g.k * g.n > 1:
+        # float16/bfloat16: summed in float32, rounded once at the end
+        return rnp.cast(_reduced(g, [rnp.cast(x, np.float32) for x in inputs], op), dtype)
     base = "sum" if op == "mean" else op
     combined = inputs[0] if g.k == 1 else bind("local_reduce", *inputs, op=base)
     if g.n > 1:
