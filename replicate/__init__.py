@@ -7,6 +7,7 @@
 """
 
 from . import (
+    dtypes,
     nn,
     numpy,  # noqa: F401  (installs the array operators)
     optim,
@@ -17,6 +18,7 @@ from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond, switch
 from .custom import custom_vjp
+from .dtypes import autocast, bfloat16, float16
 from .errors import (
     CheckpointError,
     CollectiveMismatchError,
@@ -55,5 +57,6 @@ __all__ = [
     "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
-    "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient",
+    "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
+    "bfloat16", "float16", "dtypes",
 ]

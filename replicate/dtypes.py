@@ -18,7 +18,9 @@ wider type.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -75,10 +77,55 @@ def result_type(*keys) -> np.dtype:
     return np.dtype(np.float32) if widest.itemsize < 4 else widest  # bf16 + f16 -> f32
 
 
+_amp = threading.local()
+
+
+def autocast_dtype():
+    """The dtype ``autocast`` casts matrix-product inputs to here (None: off)."""
+    return getattr(_amp, "dtype", None)
+
+
+class autocast(contextlib.ContextDecorator):
+    """Mixed precision for the code inside (``torch.autocast``'s contract), traced and eager.
+
+    Inside, the inputs of ``matmul``, ``dot``, ``einsum`` and ``conv2d`` (so every ``Linear`` and
+    ``Conv2d``) are cast to ``dtype`` (``"bfloat16"`` or ``"float16"``), and their results are of
+    that dtype; sums, means, variances, ``logsumexp``, softmax/log-softmax, normalisation
+    statistics and the losses of ``rp.nn`` take float16/bfloat16 operands in float32. Parameters
+    keep their own dtype: the casts are ops, so gradients reach float32 parameters in float32.
+    ``autocast(None)`` turns it off for a region inside. Thread-local; use it inside
+    ``step_fn`` (a traced step keeps what was on while it was traced).
+
+    >>> import numpy as np, replicate as rp, replicate.numpy as rnp
+    >>> with rp.autocast("bfloat16"):
+    ...     y = rnp.ones((2, 3), np.float32) @ rnp.ones((3, 1), np.float32)
+    ...     s = rnp.sum(y)
+    >>> y.dtype, s.dtype
+    (dtype(bfloat16), dtype('float32'))
+    """
+
+    def __init__(self, dtype):
+        if dtype is not None:
+            dtype = as_dtype(dtype)
+            if not is_float(dtype):
+                raise TypeError(f"autocast: {dtype} is not a float dtype")
+        self.dtype = dtype
+        self._previous = []
+
+    def __enter__(self):
+        self._previous.append(autocast_dtype())
+        _amp.dtype = self.dtype
+        return self
+
+    def __exit__(self, *exc):
+        _amp.dtype = self._previous.pop()
+        return False
+
+
 def _weak(k) -> bool:
     return isinstance(k, (bool, numbers.Number)) and not isinstance(k, np.generic) \
         and not isinstance(k, np.dtype)
 
 
-__all__ = ["LOW_PRECISION", "as_dtype", "bfloat16", "compute_dtype", "finfo", "float16",
+__all__ = ["LOW_PRECISION", "as_dtype", "autocast", "autocast_dtype", "bfloat16", "compute_dtype", "finfo", "float16",
            "is_float", "is_low_precision", "is_supported", "result_type"]

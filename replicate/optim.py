@@ -15,7 +15,9 @@ import numpy as np
 from . import numpy as rnp
 from . import tree
 from .collectives import all_reduce
+from .control import cond
 from .dependency import TraceKeyed
+from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
 from .state import Variable
 
@@ -35,15 +37,27 @@ class Optimizer(TraceKeyed):
 
     Its hyper-parameters (``lr``, momentum, ...) are read when a step is traced: assigning one
     (``opt.lr = 1e-4``) after the step was compiled makes it trace again. A learning rate that
-    changes every step belongs in a schedule (``lr=fn(step)``), which is traced once."""
+    changes every step belongs in a schedule (``lr=fn(step)``), which is traced once.
 
-    def __init__(self, params, lr):
+    Low-precision parameters (float16, bfloat16): the update is computed in float32, the slots
+    (momentum, Adam's moments) are float32, and with ``master_weights`` (the default for such
+    parameters) the optimiser keeps a float32 copy of each one that the updates accumulate into
+    — the parameter is that copy rounded, so small updates are not lost to rounding. A
+    parameter assigned from outside (a checkpoint, pretrained weights) is noticed at the next
+    update: its master copy restarts from it."""
+
+    def __init__(self, params, lr, master_weights: bool | None = None):
         self.params, self.treedef = _params(params)
         self.lr = lr
         self.step = Variable(np.zeros((), np.int64), name="opt.step")
+        low = [is_low_precision(p.dtype) for p in self.params]
+        self.master_weights = any(low) if master_weights is None else bool(master_weights)
+        self.master = [Variable(p.value.astype(np.float32), name=f"{p.name}.master")
+                       if lo and self.master_weights else None for p, lo in zip(self.params, low)]
 
     def slot(self, name: str) -> list[Variable]:
-        return [Variable(np.zeros_like(p.value), name=f"{p.name}.{name}") for p in self.params]
+        return [Variable(np.zeros(p.shape, compute_dtype(p.dtype)), name=f"{p.name}.{name}")
+                for p in self.params]
 
     def learning_rate(self, step):
         """The learning rate at (traced) ``step``: a number or a schedule ``fn(step)``."""
@@ -64,7 +78,16 @@ class Optimizer(TraceKeyed):
             if g.shape != p.shape:
                 raise ReplicateError(f"gradient for {p.name} has shape {g.shape}, parameter "
                                      f"{p.shape}")
-            p.assign(self.update(i, p.read(), rnp.cast(g, p.dtype), lr, step))
+            work = compute_dtype(p.dtype)
+            value = p.read()
+            master = self.master[i]
+            if master is not None:  # the float32 copy, unless p was assigned from outside
+                m = master.read()
+                value = rnp.where(rnp.cast(m, p.dtype) == value, m, rnp.cast(value, work))
+            new = self.update(i, rnp.cast(value, work), rnp.cast(g, work), lr, step)
+            if master is not None:
+                master.assign(new)
+            p.assign(rnp.cast(new, p.dtype))
 
     def update(self, i, p, g, lr, step):
         raise NotImplementedError
@@ -73,18 +96,20 @@ class Optimizer(TraceKeyed):
         """The optimiser's own state by name (for checkpoints): step and every slot."""
         out = {"step": self.step}
         for key, value in vars(self).items():
-            if isinstance(value, list) and value and isinstance(value[0], Variable) \
+            if isinstance(value, list) and any(isinstance(v, Variable) for v in value) \
                     and value is not self.params:
                 for i, var in enumerate(value):
-                    out[f"{key}/{i}"] = var
+                    if var is not None:
+                        out[f"{key}/{i}"] = var
         return out
 
 
 class SGD(Optimizer):
     """Stochastic gradient descent with optional momentum, Nesterov and weight decay."""
 
-    def __init__(self, params, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0):
-        super().__init__(params, lr)
+    def __init__(self, params, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
+                 master_weights=None):
+        super().__init__(params, lr, master_weights)
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
         self.velocity = self.slot("velocity") if momentum else []
 
@@ -102,8 +127,8 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba); with ``decoupled_weight_decay`` it is AdamW."""
 
     def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
-                 decoupled_weight_decay=False):
-        super().__init__(params, lr)
+                 decoupled_weight_decay=False, master_weights=None):
+        super().__init__(params, lr, master_weights)
         self.b1, self.b2, self.eps = b1, b2, eps
         self.weight_decay, self.decoupled = weight_decay, decoupled_weight_decay
         self.m, self.v = self.slot("m"), self.slot("v")
@@ -127,15 +152,17 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter)."""
 
-    def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
-        super().__init__(params, lr, b1, b2, eps, weight_decay, decoupled_weight_decay=True)
+    def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2,
+                 master_weights=None):
+        super().__init__(params, lr, b1, b2, eps, weight_decay, decoupled_weight_decay=True,
+                         master_weights=master_weights)
 
 
 class RMSProp(Optimizer):
     """RMSProp (Hinton), optionally with momentum."""
 
-    def __init__(self, params, lr=1e-3, decay=0.9, eps=1e-8, momentum=0.0):
-        super().__init__(params, lr)
+    def __init__(self, params, lr=1e-3, decay=0.9, eps=1e-8, momentum=0.0, master_weights=None):
+        super().__init__(params, lr, master_weights)
         self.decay, self.eps, self.momentum = decay, eps, momentum
         self.ms = self.slot("ms")
         self.mom = self.slot("mom") if momentum else []
@@ -151,31 +178,140 @@ class RMSProp(Optimizer):
 
 
 class CrossReplicaOptimizer(TraceKeyed):
-    """Wraps an optimiser so ``apply`` first averages the gradients over all replicas.
+    """Wraps an optimiser so ``apply`` first averages the gradients over all replicas (the
+    one-line change that turns a single-replica script data-parallel, as TF-Replicator's
+    ``wrap_optimizer``); made by :func:`wrap_optimizer`, which documents the options."""
 
-    The one-line change that turns a single-replica script data-parallel (as TF-Replicator's
-    ``wrap_optimizer``).
-    """
-
-    def __init__(self, optimizer: Optimizer, max_grad_norm: float | None = None):
+    def __init__(self, optimizer: Optimizer, max_grad_norm: float | None = None,
+                 accumulate: int = 1, loss_scale=None, growth_interval: int = 2000):
+        if not isinstance(optimizer, Optimizer):
+            raise ReplicateError(f"wrap_optimizer wraps an rp.optim optimiser, got "
+                                 f"{type(optimizer).__name__}")
+        if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)) \
+                or accumulate < 1:
+            raise ReplicateError(f"accumulate must be an int >= 1, got {accumulate!r}")
+        dynamic = isinstance(loss_scale, str)
+        if dynamic and loss_scale != "dynamic" or not dynamic and loss_scale is not None and (
+                isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float))
+                or not loss_scale > 0):
+            raise ReplicateError(f"loss_scale must be 'dynamic', a number > 0 or None, got "
+                                 f"{loss_scale!r}")
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
+        self.accumulate = int(accumulate)
+        self.dynamic = dynamic
+        self.growth_interval = int(growth_interval)
+        self.fixed_scale = None if dynamic or loss_scale is None else float(loss_scale)
+        self.buffers, self.micro = [], None
+        if self.accumulate > 1:  # each replica's running sum of its gradients
+            self.buffers = [Variable(np.zeros(p.shape, compute_dtype(p.dtype)),
+                                     name=f"{p.name}.accumulated", per_replica=True)
+                            for p in optimizer.params]
+            self.micro = Variable(np.zeros((), np.int64), name="opt.micro_step")
+        self.scale_var = self.good_steps = None
+        if dynamic:
+            self.scale_var = Variable(np.float32(2.0 ** 15), name="opt.loss_scale")
+            self.good_steps = Variable(np.zeros((), np.int64), name="opt.good_steps")
+
+    # -- what the user calls ------------------------------------------------------------------
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without loss scaling)."""
+        if self.scale_var is not None:
+            return float(self.scale_var.numpy())
+        return self.fixed_scale or 1.0
+
+    def scale(self, loss):
+        """``loss`` times the loss scale: differentiate this, pass the gradients to ``apply``
+        (which divides them by the scale again). Without loss scaling: ``loss``."""
+        loss = rnp.as_array(loss)
+        if self.scale_var is not None:
+            return loss * rnp.cast(self.scale_var.read(), loss.dtype)
+        return loss if self.fixed_scale is None else loss * self.fixed_scale
+
+    def trace_key(self):
+        # with accumulation a step either only accumulates or also updates: two compiled steps,
+        # chosen by the micro-step counter (the same on every replica and rank)
+        return () if self.micro is None else (self._updates_now(),)
+
+    def _updates_now(self) -> bool:
+        return (int(self.micro.value) + 1) % self.accumulate == 0  # (the host value)
 
     def apply(self, grads) -> None:
         self.traced_by()
-        grads = all_reduce(grads, "mean")
+        leaves, treedef = tree.flatten(grads)
+        if len(leaves) != len(self.optimizer.params):
+            raise ReplicateError(f"apply: {len(leaves)} gradients for "
+                                 f"{len(self.optimizer.params)} parameters")
+        leaves = [rnp.cast(rnp.as_array(g), compute_dtype(p.dtype))
+                  for g, p in zip(leaves, self.optimizer.params)]
+        if self.micro is not None:
+            leaves = [b.read() + g for b, g in zip(self.buffers, leaves)]
+            if not self._updates_now():  # this replica's sums only: no communication
+                for b, g in zip(self.buffers, leaves):
+                    b.assign(g)
+                self.micro.assign(self.micro.read() + 1)
+                return
+            for b in self.buffers:
+                b.assign(rnp.zeros(b.shape, b.dtype))
+            self.micro.assign(rnp.zeros((), np.int64))
+            leaves = [g * (1.0 / self.accumulate) for g in leaves]
+        leaves = all_reduce(leaves, "mean")
+        scale = self._scale_value()
+        if scale is not None:
+            leaves = [g / rnp.cast(scale, g.dtype) for g in leaves]
+        grads = tree.unflatten(treedef, leaves)
         if self.max_grad_norm is not None:
             grads = clip_by_global_norm(grads, self.max_grad_norm)
-        self.optimizer.apply(grads)
+        if not self.dynamic:
+            self.optimizer.apply(grads)
+            return
+        # the reduced gradients are the same on every replica and rank: so is this verdict
+        finite = rnp.isfinite(sum(rnp.sum(g) for g in leaves))
+        cond(finite, lambda: self.optimizer.apply(grads), lambda: None)
+        good = rnp.where(finite, self.good_steps.read() + 1, 0)
+        grow = good >= self.growth_interval
+        s = self.scale_var.read()
+        self.scale_var.assign(rnp.where(finite, rnp.where(grow, s * 2, s),
+                                        rnp.maximum(s * 0.5, 1.0)))
+        self.good_steps.assign(rnp.where(grow, 0, good))
+
+    def _scale_value(self):
+        if self.scale_var is not None:
+            return self.scale_var.read()
+        return None if self.fixed_scale is None else rnp.asarray(self.fixed_scale, np.float32)
+
+    def variables(self) -> dict:
+        """The inner optimiser's state plus the wrapper's (loss scale, accumulation buffers)."""
+        out = self.optimizer.variables()
+        for name in ("scale_var", "good_steps", "micro"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        out.update((f"accumulated/{i}", b) for i, b in enumerate(self.buffers))
+        return out
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
 
 
-def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None):
-    """Average gradients across replicas (then clip them to ``max_grad_norm``, a norm global
-    over all replicas) before every update."""
-    return CrossReplicaOptimizer(optimizer, max_grad_norm)
+def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None, *,
+                   accumulate: int = 1, loss_scale=None, growth_interval: int = 2000):
+    """Average gradients across replicas before every update (then clip them to
+    ``max_grad_norm``, a norm global over all replicas).
+
+    ``accumulate=n``: gradient accumulation. Each replica adds its gradients into its own
+    buffer for n steps; on the n-th only, the buffers' cross-replica mean (divided by n) goes to
+    the optimiser — the other steps communicate nothing. n steps of batch B on R replicas make
+    the update of one step with batch n·R·B (for a loss that is a mean over the batch).
+
+    ``loss_scale``: for float16 training. ``opt.scale(loss)`` multiplies the loss, and ``apply``
+    divides the gradients back. ``"dynamic"`` starts at 2**15, doubles after
+    ``growth_interval`` steps without overflow, and on a step whose reduced gradients are not
+    finite halves and skips the update — every replica and rank decides alike, from the
+    all-reduced gradients themselves (no extra exchange). ``opt.loss_scale`` reads it; it is in
+    ``opt.variables()``, so checkpoints keep it. A number: a fixed scale."""
+    return CrossReplicaOptimizer(optimizer, max_grad_norm, accumulate, loss_scale,
+                                 growth_interval)
 
 
 def global_norm(grads):

@@ -18,6 +18,7 @@ import weakref
 
 import numpy as np
 
+from .dtypes import as_dtype, is_supported
 from .errors import NumpyConversionError, ReplicateError, source_line, user_frame
 from .graph.core import (
     Array,
@@ -50,13 +51,32 @@ class Variable:
     collective is refused (``rp.DivergenceError``); the ranks' copies are compared at
     checkpoints and at the end of ``run``. ``local=True`` makes it each process's own instead
     (not broadcast, not compared): per-process statistics, an actor's own state. A checkpoint
-    holds rank 0's copy of a local variable, and ``restore`` gives every rank that copy."""
+    holds rank 0's copy of a local variable, and ``restore`` gives every rank that copy.
 
-    def __init__(self, value, name: str | None = None, dtype=None, *, local: bool = False):
-        self.value = np.array(value.numpy() if isinstance(value, (Array, Variable)) else value,
-                              dtype=dtype)
+    ``per_replica=True`` gives every replica its own value (tf.distribute's ``ON_READ``
+    variables): inside ``step_fn`` each replica reads and writes its own (an RNN state carried
+    across steps, a metric accumulator, a gradient-accumulation buffer); outside, ``numpy()``
+    returns this process's replicas' values stacked ``(k, ...)``; ``assign`` outside a step sets
+    every local replica. A checkpoint holds every replica's value, and restores them to the same
+    replicas (a different number of replicas is a ``CheckpointError``)."""
+
+    def __init__(self, value, name: str | None = None, dtype=None, *, local: bool = False,
+                 per_replica: bool = False):
+        value = np.array(value.numpy() if isinstance(value, (Array, Variable)) else value,
+                         dtype=None if dtype is None else as_dtype(dtype))
+        if not is_supported(value.dtype):
+            raise ReplicateError(f"Variable of dtype {value.dtype}: the dtypes are bool, "
+                                 "integers and floats (float16, bfloat16, float32, float64)")
+        if local and per_replica:
+            raise ReplicateError("a Variable is local=True (one per process) or per_replica=True "
+                                 "(one per replica), not both")
         self.name = name or f"var{next(_counter)}"
         self.local = bool(local)
+        self.per_replica = bool(per_replica)
+        # per replica: (replicas in this process, ...); until a step uses it, the one starting
+        # value every replica begins from (leading axis 1, ``_fresh``)
+        self.value = value[None].copy() if per_replica else value
+        self._fresh = self.per_replica
         self._eager: Array | None = None
         self._created = user_frame()  # (file, line) of the user's code that made it
         _live[next(_serial)] = self
@@ -66,10 +86,30 @@ class Variable:
         """'file:line: code' of the user's code that created this variable."""
         return source_line(self._created)
 
-    shape = property(lambda self: self.value.shape)
+    # (a per-replica variable: one replica's value)
+    shape = property(lambda self: self.value.shape[1:] if self.per_replica else self.value.shape)
     dtype = property(lambda self: self.value.dtype)
-    ndim = property(lambda self: self.value.ndim)
-    size = property(lambda self: self.value.size)
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+
+    @property
+    def shared(self) -> bool:
+        """One value on every replica and rank (neither ``local`` nor ``per_replica``)."""
+        return not (self.local or self.per_replica)
+
+    def bind_replicas(self, k: int) -> None:
+        """A per-replica variable used by a step of ``k`` replicas in this process: a fresh one
+        gives each replica the starting value; one that holds values of another number of
+        replicas is an error (they would be dropped or invented)."""
+        if self.value.shape[0] == k:
+            return
+        if not self._fresh:
+            raise ReplicateError(
+                f"per-replica Variable {self.name!r} holds the values of {self.value.shape[0]} "
+                f"replica(s) in this process; a step of {k} replica(s) per process uses it. "
+                f"Create it anew (or assign it outside a step) for another layout "
+                f"(created at {self.created_at})")
+        self.value = np.repeat(self.value[:1], k, axis=0)
 
     def read(self) -> Array:
         """The current value as an Array (a graph input when traced)."""
@@ -82,15 +122,19 @@ class Variable:
         if eager_read_hook is not None:
             eager_read_hook(self)
         if self._eager is None:
-            self._eager = concrete(self.value)
+            if self.per_replica:  # eager mode: one replica per process
+                self.bind_replicas(1)
+                self._eager = concrete(self.value[0])
+            else:
+                self._eager = concrete(self.value)
         return self._eager
 
     def assign(self, new) -> None:
         """Replace the value (shape must match; the dtype is kept)."""
         new = as_array(new)
-        if new.shape != self.value.shape:
+        if new.shape != self.shape:
             raise ReplicateError(
-                f"assign to variable {self.name!r}: shape {new.shape} != {self.value.shape}")
+                f"assign to variable {self.name!r}: shape {new.shape} != {self.shape}")
         if new.dtype != self.value.dtype:
             new = cast(new, self.value.dtype)
         trace = current_trace()
@@ -99,17 +143,38 @@ class Variable:
             return
         if eager_write_hook is not None:
             eager_write_hook(self)
-        self.value = new.value
+        if self.per_replica:  # (outside a step: every replica of this process)
+            self.value = np.repeat(new.value[None], self.value.shape[0], axis=0)
+            self._fresh = False
+        else:
+            self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf
 
     def load(self, value) -> None:
         """Replace the value from outside any step (a compiled step writing its update back, a
-        checkpoint restored): the next eager read starts a fresh tape leaf."""
+        checkpoint restored): the next eager read starts a fresh tape leaf. A per-replica
+        variable takes its local replicas' values stacked, ``(k, ...)``."""
+        if self.per_replica:
+            value = np.asarray(value)
+            if value.shape[1:] != self.shape:
+                raise ReplicateError(f"load into per-replica Variable {self.name!r}: values "
+                                     f"{value.shape} are not (replicas,) + {self.shape}")
+            self._fresh = False
         self.value = value
         self._eager = None
 
+    def restart(self, value) -> None:
+        """A per-replica variable: make ``value`` the starting value of every replica again
+        (as if no step had used it)."""
+        value = np.asarray(value, self.dtype)
+        if value.shape != self.shape:
+            raise ReplicateError(f"restart of {self.name!r}: shape {value.shape} != {self.shape}")
+        self.value, self._fresh, self._eager = value[None].copy(), True, None
+
     def numpy(self) -> np.ndarray:
-        """The current value (outside a traced step: inside one it would be a constant)."""
+        """The current value (outside a traced step: inside one it would be a constant). A
+        per-replica variable: this process's replicas' values stacked ``(k, ...)`` in local
+        replica order (before a step used it, its starting value, ``(1, ...)``)."""
         if current_trace() is not None:
             self._refuse_in_trace("w.numpy()")
         return self.value
@@ -150,7 +215,8 @@ class Variable:
         raise numpy_function_error(func, self)
 
     def __repr__(self) -> str:
-        return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+        kind = ", per_replica=True" if self.per_replica else ", local=True" if self.local else ""
+        return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype}{kind})"
 
 
 _install_operators(Variable)  # w + 1, w @ x, ... on a Variable read it

@@ -14,6 +14,7 @@ import contextlib
 import numpy as np
 
 from . import dependency, tree
+from . import numpy as rnp
 from .context import replica_scope
 from .errors import ReplicateError
 from .graph.core import Graph, GraphMeta
@@ -44,6 +45,7 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     k = len(batches)
     contexts = contexts if contexts is not None else [None] * k
     trace = Trace()
+    trace.replicas = k
     batch_inputs, names, results, treedefs = [], [], [], []
     with active(trace):
         for r, (batch, ctx) in enumerate(zip(batches, contexts)):
@@ -65,6 +67,12 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     for var in trace.variables:
         values = trace.writes(var, k)
         if all(w is None for w in values):
+            continue
+        if var.per_replica:  # each replica's own row of one (k, ...) update
+            with active(trace):
+                stacked = rnp.stack(trace.replica_values(var), 0)
+            updated.append(var)
+            update_outs.extend([stacked] * k)
             continue
         if any(w is None for w in values):
             missing = [r for r, w in enumerate(values) if w is None]

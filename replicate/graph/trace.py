@@ -32,6 +32,9 @@ class Trace:
         self.dependents: dict[int, object] = {}  # objects whose Python state the trace read
         self._lifted: dict[int, tuple] = {}
         self.replica = 0
+        self.replicas = 1  # local replicas traced into this trace (trace_step sets it)
+        self._var_read: dict[tuple, Array] = {}  # (replica, id(var)) -> a per-replica read
+        self._var_by_id: dict[int, object] = {}
         self._collective_seq: dict[int, int] = {}
 
     def next_collective_seq(self) -> int:
@@ -70,13 +73,26 @@ class Trace:
     # -- variables ---------------------------------------------------------------------------
     def _touch(self, var):
         if id(var) not in self._var_input:
+            if getattr(var, "per_replica", False):  # input (k, ...): replica r reads row r
+                var.bind_replicas(self.replicas)
             aval = AVal(tuple(var.value.shape), var.value.dtype)
             self._var_input[id(var)] = self.new_input(aval, var.name)
+            self._var_by_id[id(var)] = var
             self.variables.append(var)
 
     def read_variable(self, var) -> Array:
         self._touch(var)
-        return self._var_current.get((self.replica, id(var)), self._var_input[id(var)])
+        return self.variable_value(id(var))
+
+    def _initial(self, vid: int) -> Array:
+        """What the current replica reads of a variable it has not written yet."""
+        x = self._var_input[vid]
+        if not getattr(self._var_by_id[vid], "per_replica", False):
+            return x
+        key = (self.replica, vid)
+        if key not in self._var_read:
+            self._var_read[key] = x[self.replica]
+        return self._var_read[key]
 
     def write_variable(self, var, value: Array) -> None:
         self._touch(var)
@@ -107,7 +123,8 @@ class Trace:
 
     def variable_value(self, vid: int) -> Array:
         """The current replica's value of the variable with id ``vid`` (written or read)."""
-        return self._var_current.get((self.replica, vid), self._var_input[vid])
+        current = self._var_current.get((self.replica, vid))
+        return current if current is not None else self._initial(vid)
 
     # -- what else the trace depends on ------------------------------------------------------
     def mark_varying(self, x: Array) -> None:
@@ -125,6 +142,16 @@ class Trace:
     def writes(self, var, replicas: int) -> list:
         """The final value each of ``replicas`` replicas wrote into ``var`` (None: no write)."""
         return [self._var_current.get((r, id(var))) for r in range(replicas)]
+
+    def replica_values(self, var) -> list:
+        """Each replica's final value of per-replica ``var`` (what it wrote, else what it
+        read)."""
+        out, current = [], self.replica
+        for r in range(self.replicas):
+            self.replica = r
+            out.append(self.variable_value(id(var)))
+        self.replica = current
+        return out
 
 
 @contextlib.contextmanager

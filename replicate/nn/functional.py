@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import numpy as rnp
 from ..errors import ReplicateError
+from ..numpy._base import wide_operand
 
 
 def relu(x):
@@ -28,7 +29,7 @@ sigmoid = rnp.sigmoid
 
 
 def log_softmax(x, axis=-1):
-    x = rnp.as_array(x)
+    x = wide_operand(x)
     return x - rnp.logsumexp(x, axis=axis, keepdims=True)
 
 
@@ -58,16 +59,16 @@ def softmax_cross_entropy(logits, labels):
 
 def sigmoid_binary_cross_entropy(logits, targets):
     """Per-element binary cross-entropy from logits, computed stably."""
-    logits = rnp.as_array(logits)
+    logits = wide_operand(logits)
     return rnp.softplus(logits) - logits * rnp.cast(targets, logits.dtype)
 
 
 def mse(pred, target):
-    d = rnp.subtract(pred, target)
+    d = rnp.subtract(wide_operand(pred), wide_operand(target))
     return d * d
 
 
 def huber(pred, target, delta=1.0):
-    d = rnp.abs(rnp.subtract(pred, target))
+    d = rnp.abs(rnp.subtract(wide_operand(pred), wide_operand(target)))
     quadratic = rnp.minimum(d, delta)
     return 0.5 * quadratic * quadratic + delta * (d - quadratic)

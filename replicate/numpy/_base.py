@@ -6,7 +6,14 @@ import numbers
 
 import numpy as np
 
-from ..dtypes import as_dtype, is_float, is_supported, result_type
+from ..dtypes import (
+    as_dtype,
+    autocast_dtype,
+    is_float,
+    is_low_precision,
+    is_supported,
+    result_type,
+)
 from ..errors import DTypeError, ReplicateError
 from ..graph.core import Array, bind, concrete
 
@@ -78,6 +85,23 @@ def cast(x, dtype) -> Array:
     if x.dtype == dtype:
         return x
     return bind("cast", x, dtype=dtype)
+
+
+def autocast_operands(*xs) -> list:
+    """Inside ``rp.autocast(dtype)``: float operands cast to ``dtype`` (matrix products)."""
+    dtype = autocast_dtype()
+    if dtype is None:
+        return list(xs)
+    return [cast(x, dtype) if is_float(x.dtype) and x.dtype != dtype else x for x in xs]
+
+
+def wide_operand(x) -> Array:
+    """Inside ``rp.autocast``: a float16/bfloat16 operand of a reduction, softmax, statistic or
+    loss in float32."""
+    x = as_array(x)
+    if autocast_dtype() is not None and is_low_precision(x.dtype):
+        return cast(x, np.float32)
+    return x
 
 
 def float_operand(x) -> Array:

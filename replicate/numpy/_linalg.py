@@ -12,7 +12,7 @@ from ..dtypes import is_float
 from ..errors import ReplicateError
 from ..graph.core import bind
 from ..graph.primitives import parse_einsum
-from ._base import as_array, promote
+from ._base import as_array, autocast_operands, promote
 from ._elementwise import multiply
 from ._reductions import max as reduce_max
 from ._reductions import mean
@@ -26,7 +26,7 @@ def matmul(a, b):
     >>> rnp.matmul(rnp.ones((2, 3)), rnp.ones(3)).tolist()
     [3.0, 3.0]
     """
-    a, b = promote(a, b)
+    a, b = autocast_operands(*promote(a, b))
     if a.ndim == 0 or b.ndim == 0:
         raise ReplicateError("matmul: operands must have at least one dimension; use multiply")
     va, vb = a.ndim == 1, b.ndim == 1
@@ -70,7 +70,7 @@ def einsum(subscripts, *operands):
     >>> rnp.einsum("ij,j->i", rnp.ones((2, 3)), rnp.ones(3)).tolist()
     [3.0, 3.0]
     """
-    operands = promote(*operands)
+    operands = autocast_operands(*promote(*operands))
     subscripts = subscripts.replace(" ", "")
     if "." in subscripts:
         raise ReplicateError("einsum: ellipsis is not supported; spell out the axes")
@@ -123,7 +123,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
     >>> rnp.conv2d(rnp.ones((1, 1, 4, 4)), rnp.ones((2, 1, 3, 3)), padding=1).shape
     (1, 2, 4, 4)
     """
-    x, w = promote(x, w)
+    x, w = autocast_operands(*promote(x, w))
     if w.ndim != 4 or x.ndim != 4 or w.shape[1] != x.shape[1]:
         raise ReplicateError(f"conv2d: input {x.shape} (NCHW) and weight {w.shape} (OIHW) "
                              "do not fit")

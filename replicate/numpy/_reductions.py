@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.core import bind
-from ._base import as_array, cast, float_operand, norm_axes
+from ._base import as_array, cast, float_operand, norm_axes, wide_operand
 from ._elementwise import divide, exp, isfinite, log, multiply, sqrt, stop_gradient, subtract, where
 from ._shape import reshape, squeeze
 
@@ -34,7 +34,7 @@ def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - mirrors numpy
 
 def _accumulator(x, dtype):
     """What NumPy sums and multiplies in: ``dtype``, or 64-bit for bools and small integers."""
-    x = as_array(x)
+    x = wide_operand(x)
     if dtype is not None:
         return cast(x, dtype)
     if x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.signedinteger) and x.dtype.itemsize < 8):
@@ -69,13 +69,13 @@ def _count(x, axis):
 
 def mean(x, axis=None, keepdims=False):
     """Arithmetic mean over ``axis``."""
-    x = float_operand(x)
+    x = wide_operand(float_operand(x))
     return divide(sum(x, axis, keepdims), float(_count(x, axis)))
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
     """Variance over ``axis`` (``ddof`` as in NumPy)."""
-    x = float_operand(x)
+    x = wide_operand(float_operand(x))
     centred = subtract(x, mean(x, axis, keepdims=True))
     return divide(sum(multiply(centred, centred), axis, keepdims), float(_count(x, axis) - ddof))
 
@@ -86,7 +86,7 @@ def std(x, axis=None, keepdims=False, ddof=0):
 
 def logsumexp(x, axis=None, keepdims=False):
     """``log(sum(exp(x)))`` computed stably (the max is subtracted first)."""
-    x = float_operand(x)
+    x = wide_operand(float_operand(x))
     m = stop_gradient(max(x, axis, keepdims=True))
     m = where(isfinite(m), m, 0.0)  # an all -inf (or an inf) slice gives -inf (inf), not nan
     out = log(sum(exp(subtract(x, m)), axis, keepdims=True)) + m

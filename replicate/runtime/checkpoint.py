@@ -105,10 +105,15 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
             sync_check.verify(comm, variables, step, f"before writing checkpoint {path!r}")
         else:
             comm.allgather_obj(None)
+    try:
+        variables = named_variables(state)
+    except ReplicateError:  # (rank 0's write says so, below)
+        variables = {}
+    replicas = _every_replica(comm, variables)
     error = None
     if comm.rank == 0:
         try:
-            _write(path, state, step, meta)
+            _write(path, state, step, meta, replicas)
         except ReplicateError as e:  # (state is not a nest of Variables, ...)
             error = e
         except Exception as e:  # noqa: BLE001 - reported on every rank below
@@ -130,16 +135,35 @@ def _agree(comm, kind, call: str) -> None:
     agree(comm, kind, describe=lambda: f"{call} at {where}")
 
 
-def _write(path, state, step, meta) -> None:
+def _every_replica(comm, variables: dict) -> dict:
+    """{path: (R, ...)}: every replica's value of each per-replica variable, in global replica
+    order (one exchange; a variable no step has used yet keeps its one starting value,
+    ``(1, ...)``, saved as such)."""
+    names = [name for name, var in variables.items() if var.per_replica and not var._fresh]
+    if not names:
+        return {}
+    rows = comm.allgather_obj([variables[n].value for n in names]) if comm.size > 1 else \
+        [[variables[n].value for n in names]]
+    return {name: np.concatenate([row[i] for row in rows]) for i, name in enumerate(names)}
+
+
+def _write(path, state, step, meta, replicas: dict) -> None:
     """Rank 0's part of ``save``: a temporary file in the same folder, fsync, rename, fsync of the
     folder."""
-    arrays = {f"var/{name}": np.asarray(var.value) for name, var in named_variables(state).items()}
+    variables = named_variables(state)
+    arrays = {f"var/{name}": np.asarray(replicas.get(name, var.value))
+              for name, var in variables.items()}
+    # per replica: how many replicas' values it holds (0: the one starting value of a variable
+    # no step had used)
+    per_replica = {f"var/{name}": (len(replicas[name]) if name in replicas else 0)
+                   for name, var in variables.items() if var.per_replica}
     # .npy has no bfloat16: its bits are stored as uint16 and the info names the dtype
     # (np.load(path)["var/w"].view(ml_dtypes.bfloat16))
     dtypes = {key: "bfloat16" for key, value in arrays.items() if value.dtype == bfloat16}
     for key in dtypes:
         arrays[key] = arrays[key].view(np.uint16)
     info = {"step": int(step), "meta": meta or {}, "format": 2, "dtypes": dtypes,
+            "per_replica": per_replica,
             "sha256": {key: digest(value) for key, value in arrays.items()}}
     arrays["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
@@ -266,16 +290,44 @@ def restore(path: str, state, comm=None) -> dict:
     variables = named_variables(state)
     missing = sorted(set(variables) - set(arrays))
     problems = [f"lacks {missing}"] if missing else []
+    saved_replicas = {key[4:]: n for key, n in info.get("per_replica", {}).items()}
     for name, var in variables.items():
         value = arrays.get(name)
-        if value is not None and (value.shape, value.dtype) != (var.value.shape, var.value.dtype):
-            problems.append(f"{name} is {value.dtype}{value.shape}, the variable is "
-                            f"{var.value.dtype}{var.value.shape}")
+        if value is None:
+            continue
+        if var.per_replica != (name in saved_replicas):
+            problems.append(f"{name} is {'not ' if var.per_replica else ''}per replica in the "
+                            f"checkpoint, the variable is{'' if var.per_replica else ' not'}")
+            continue
+        shape = value.shape[1:] if var.per_replica else value.shape
+        if (shape, value.dtype) != (var.shape, var.dtype):
+            problems.append(f"{name} is {value.dtype}{shape}, the variable is "
+                            f"{var.dtype}{var.shape}")
+        elif saved_replicas.get(name):
+            problems.extend(_replica_problem(name, var, saved_replicas[name], comm.size))
     if problems:
         error = CheckpointError(f"checkpoint {used!r} does not fit the state: "
                                 + "; ".join(problems))
         error.consistent = True  # every rank has the same file and the same state
         raise error
     for name, var in variables.items():
-        var.load(np.array(arrays[name]))
+        value = np.array(arrays[name])
+        if not var.per_replica:
+            var.load(value)
+        elif saved_replicas[name] == 0:  # the starting value of every replica
+            var.restart(value[0])
+        else:  # this rank's replicas' rows
+            k = saved_replicas[name] // comm.size
+            var.load(value[comm.rank * k:(comm.rank + 1) * k])
     return dict(info, path=used)
+
+
+def _replica_problem(name, var, saved: int, ranks: int) -> list:
+    """Why a checkpoint holding ``saved`` replicas' values of ``var`` cannot go to this job's
+    replicas (``[]`` when it can): each replica gets its own value back, never another's."""
+    k = None if var._fresh else var.value.shape[0]
+    if saved % ranks == 0 and (k is None or k * ranks == saved):
+        return []
+    mine = f"{k} per process × {ranks} processes" if k else f"{ranks} processes"
+    return [f"{name} holds the values of {saved} replicas, this job has {mine}: per-replica "
+            "values restore only into the same number of replicas"]

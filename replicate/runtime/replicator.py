@@ -308,7 +308,7 @@ class Replicator:
     def _sync_variable(self, var):
         if id(var) not in self._synced:
             self._synced[id(var)] = var
-            if var.local:  # each process's own: not broadcast, not compared
+            if not var.shared:  # each process's or replica's own: not broadcast, not compared
                 return
             if self.num_ranks > 1:
                 what = f"{var.name!r} ({AVal(var.value.shape, var.value.dtype)})"

@@ -42,7 +42,7 @@ def fingerprint(value) -> tuple:
 
 def shared(variables) -> list:
     """The variables every rank must hold identically (``local=True`` ones are left out)."""
-    return [v for v in variables if not getattr(v, "local", False)]
+    return [v for v in variables if getattr(v, "shared", True)]
 
 
 def verify(comm, variables, step: int, when: str) -> None:
