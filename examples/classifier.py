@@ -2,6 +2,7 @@
 
     python -m replicate.launch -n 2 examples/classifier.py            # 2 processes x 2 replicas
     python examples/classifier.py --mode eager --replicas-per-rank 1  # define-by-run
+    python examples/classifier.py --precision bf16                     # mixed precision
 
 Prints the held-out accuracy and writes a loss/accuracy plot (classifier.png).
 """
@@ -27,6 +28,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=32, help="per replica")
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--steps", type=int, default=None, help="stop early after this many steps")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="bf16/fp16: matrix products under rp.autocast (float32 parameters); "
+                         "fp16 also scales the loss dynamically")
     ap.add_argument("--plot", default="classifier.png")
     args = ap.parse_args(argv)
     k = 1 if args.mode == "eager" else args.replicas_per_rank
@@ -40,7 +44,9 @@ def main(argv=None):
     rp.nn.init.default_rng(0)
     model = rp.nn.Sequential(rp.nn.Linear(64, 256), rp.nn.relu, rp.nn.Linear(256, 128),
                              rp.nn.relu, rp.nn.Linear(128, 10))
-    opt = rp.wrap_optimizer(rp.optim.Adam(model.parameters(), lr=2e-3))
+    low = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}[args.precision]
+    opt = rp.wrap_optimizer(rp.optim.Adam(model.parameters(), lr=2e-3),
+                            loss_scale="dynamic" if args.precision == "fp16" else None)
 
     def input_fn(ctx):
         return rp.shard_batches((x_train, y_train), args.batch_size, ctx, seed=1,
@@ -48,23 +54,30 @@ def main(argv=None):
 
     def step_fn(batch):
         xb, yb = batch
-        logits = model(xb)
-        loss = rp.nn.softmax_cross_entropy(logits, yb).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
+        with rp.autocast(low):  # (None: off)
+            logits = model(xb)
+            loss = rp.nn.softmax_cross_entropy(logits, yb).mean()  # float32 either way
+        opt.apply(rp.grad(opt.scale(loss), model.parameters()))  # (scale: fp16 only)
         accuracy = rnp.mean(rnp.argmax(logits, axis=-1) == yb)
         return {"loss": loss, "accuracy": accuracy}
+
+    def predict_fn(xs):
+        with rp.autocast(low):
+            return rnp.argmax(model(xs), axis=-1)
 
     rep = rp.Replicator(input_fn, step_fn, mode=args.mode, replicas_per_rank=k)
     start = time.perf_counter()
     history = rep.run(steps=args.steps)
     elapsed = time.perf_counter() - start
 
-    predict = rp.function(lambda xs: rnp.argmax(model(xs), axis=-1))
+    predict = rp.function(predict_fn)
     test_acc = float(np.mean(predict(x_test) == y_test))
     if world().rank == 0:
         print(f"replicas: {rep.num_replicas} ({rep.num_ranks} processes x {k}), mode {args.mode}; "
               f"{len(history)} steps in {elapsed:.1f}s")
-        print(f"final train loss {float(history[-1]['loss']):.4f}")
+        print(f"final train loss {float(history[-1]['loss']):.4f}"
+              + (f" (precision {args.precision}, loss scale {opt.loss_scale:g})"
+                 if args.precision == "fp16" else f" (precision {args.precision})"))
         print(f"held-out accuracy: {test_acc:.4f}")
         _plot(history, test_acc, args.plot)
     return test_acc, history
