@@ -302,12 +302,14 @@ def test_corrupt_checkpoint_is_detected(tmp_path, damage):
     if damage == "truncate":
         with open(path, "r+b") as f:
             f.truncate(size - 100)
-    elif damage == "flip":
+    elif damage == "flip":  # one bit of w's stored values (not of a zip header's date field)
+        with open(path, "rb") as f:
+            at = f.read().index(np.full(4, 3.0).tobytes()) + 13
         with open(path, "r+b") as f:
-            f.seek(size // 3)
+            f.seek(at)
             byte = f.read(1)
-            f.seek(size // 3)
-            f.write(bytes([byte[0] ^ 0xFF]))
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x01]))
     elif damage == "rewrite":
         _rewrite(path, **{"var/w": np.full(4, 7.0)})
     else:
