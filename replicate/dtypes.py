@@ -127,5 +127,5 @@ def _weak(k) -> bool:
         and not isinstance(k, np.dtype)
 
 
-__all__ = ["LOW_PRECISION", "as_dtype", "autocast", "autocast_dtype", "bfloat16", "compute_dtype", "finfo", "float16",
-           "is_float", "is_low_precision", "is_supported", "result_type"]
+__all__ = ["LOW_PRECISION", "as_dtype", "autocast", "autocast_dtype", "bfloat16", "compute_dtype",
+           "finfo", "float16", "is_float", "is_low_precision", "is_supported", "result_type"]

@@ -137,3 +137,15 @@ def test_cupy_backend_runs_generated_kernels(k):
     got = rp.function(fn, backend="cupy")(x)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def test_a_bfloat16_step_is_refused_by_the_cupy_backend_with_a_clear_error():
+    """CuPy has no bfloat16 arrays: the backend says so before CuPy fails somewhere inside."""
+    import replicate as rp
+    import replicate.numpy as rnp
+    from replicate.backends.cuda_codegen import refuse_bfloat16
+
+    graph = rp.function(lambda x: rnp.exp(x) * 2.0).graph(np.ones(3, rp.bfloat16))
+    with pytest.raises(rp.DTypeError, match="CuPy has no bfloat16.*JAX backend"):
+        refuse_bfloat16(graph)
+    refuse_bfloat16(rp.function(lambda x: rnp.exp(x)).graph(np.ones(3, np.float16)))  # fine

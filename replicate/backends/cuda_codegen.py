@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import bfloat16
+from ..errors import DTypeError
 from ..graph.primitives import REGISTRY, RuleTable
 
 CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
@@ -231,3 +233,16 @@ def standalone_source(spec: KernelSpec) -> str:
             f"\n    {red_t} b = {spec.map_expr};\n    a = {spec.reduce_expr};\n  }}\n"
             f"  {out_t} {out_name};\n  {spec.post_map_expr};\n"
             f"  {out_name}_p[0] = {out_name};\n}}\n")
+
+
+def refuse_bfloat16(graph) -> None:
+    """CuPy has no bfloat16 arrays: a step that holds one is an error naming the value, not a
+    failure inside CuPy (float16 runs; bfloat16 runs on the NumPy and JAX backends)."""
+    values = list(graph.inputs) + [n.out for n in graph.nodes]
+    for x in values:
+        if x.aval.dtype == bfloat16:
+            raise DTypeError(
+                f"the CuPy backend cannot hold bfloat16 values (CuPy has no bfloat16 dtype): "
+                f"{x.aval} in this step; use float16 (rp.autocast('float16')), or the JAX "
+                "backend (backend='jax') for bfloat16")
+

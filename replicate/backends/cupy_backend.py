@@ -139,6 +139,7 @@ def _checked_indexing(fn, attrs, dtype, node):
 
 
 def lower(graph):
+    cuda_codegen.refuse_bfloat16(graph)
     producer = {n.out.id: n for n in graph.nodes}
     slot = {x.id: i for i, x in enumerate(graph.inputs)}
     steps = []
