@@ -16,6 +16,7 @@ import numpy as np
 from . import dependency, tree
 from . import numpy as rnp
 from .context import replica_scope
+from .dtypes import autocast_dtype
 from .errors import ReplicateError
 from .graph.core import Graph, GraphMeta
 from .graph.passes.divergence import divergent_writes
@@ -37,6 +38,17 @@ def output_leaves(trace: Trace, out) -> tuple[list, object]:
     return values, treedef
 
 
+class _Autocast(dependency.TraceKeyed):
+    """``rp.autocast`` around a call (not inside the step function) is Python state the trace
+    bakes in: a compiled step is reused only under the same autocast setting."""
+
+    def trace_key(self):
+        return autocast_dtype()
+
+
+AUTOCAST = _Autocast()
+
+
 def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     """Trace ``fn(batch)`` for each replica's batch (``contexts[r]`` active while replica r is
     traced; ``None``: leave the current context alone). The graph's inputs are every replica's
@@ -46,6 +58,7 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     contexts = contexts if contexts is not None else [None] * k
     trace = Trace()
     trace.replicas = k
+    trace.depends_on(AUTOCAST)
     batch_inputs, names, results, treedefs = [], [], [], []
     with active(trace):
         for r, (batch, ctx) in enumerate(zip(batches, contexts)):

@@ -292,3 +292,15 @@ def test_bf16_all_reduce_across_processes_rounds_once(mode, k):
     for rank in (0, 1):
         assert _line(result.stdout, rank, "sum") == [expect, expect], report(result)
         assert _line(result.stdout, rank, "dtype") == "bfloat16"
+
+
+def test_autocast_around_a_compiled_call_is_part_of_its_cache_key():
+    """rp.autocast around the call (not inside the function) changes what is traced: the
+    compiled step must not be reused without it (a silent change of precision)."""
+    f = rp.function(lambda a, b: a @ b)
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
+    with rp.autocast("bfloat16"):
+        assert f(a, b).dtype == BF16
+    assert f(a, b).dtype == F32 and f.trace_count == 2
+    with rp.autocast("bfloat16"):
+        assert f(a, b).dtype == BF16 and f.trace_count == 2  # the first compiled step again
