@@ -38,8 +38,9 @@ from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .optim import wrap_optimizer
-from .runtime import Replicator, callbacks, checkpoint, data
+from .runtime import Replicator, callbacks, checkpoint, data, host
 from .runtime.data import shard_batches
+from .runtime.host import barrier, is_main_process, process_count, process_index
 from .state import Variable
 
 stop_gradient = numpy.stop_gradient  # (also rnp.stop_gradient)
@@ -58,5 +59,6 @@ __all__ = [
     "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
-    "bfloat16", "float16", "dtypes",
+    "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
+    "process_index",
 ]

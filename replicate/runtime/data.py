@@ -35,6 +35,47 @@ def shard_batches(data, batch_size: int, ctx=None, *, seed: int = 0, epochs: int
     >>> [b.tolist() for b in shard_batches(np.arange(8), 2, ctx, shuffle=False)]
     [[2, 3], [6, 7]]
     """
+    batches = _shard_batches(data, batch_size, ctx, seed, epochs, shuffle, remainder, start_step)
+    return _Batches(batches, _count(data, batch_size, ctx, epochs, remainder, start_step))
+
+
+class _Batches:
+    """``shard_batches``' iterator; ``total_steps``: how many batches it has still to yield
+    (None: forever), which ``run(progress=True)`` shows as the bar's total."""
+
+    def __init__(self, batches, total_steps):
+        self._batches, self.total_steps = batches, total_steps
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        if self.total_steps:
+            self.total_steps -= 1
+        return batch
+
+
+def progress_total(steps, done: int, iterators):
+    """A progress bar's total: ``steps`` more than ``done``, else what the replicas' iterators
+    (``shard_batches``) say they yield (None: unknown)."""
+    if steps is not None:
+        return done + steps
+    known = [getattr(it, "total_steps", None) for it in iterators]
+    return None if not known or None in known else done + min(known)
+
+
+def _count(data, batch_size, ctx, epochs, remainder, start_step):
+    leaves = tree.flatten(data)[0]
+    if epochs is None or not leaves or batch_size <= 0 or remainder not in ("drop", "pad"):
+        return None  # (forever, or an error that the first batch raises)
+    start = start_step if start_step is not None else 0 if ctx is None else ctx.start_step
+    per_epoch = steps_per_epoch(len(leaves[0]), batch_size, 1 if ctx is None else ctx.num_replicas,
+                                remainder)
+    return max(per_epoch * epochs - start, 0)
+
+
+def _shard_batches(data, batch_size, ctx, seed, epochs, shuffle, remainder, start_step):
     leaves, treedef = tree.flatten(data)
     if not leaves:
         raise ReplicateError("shard_batches: no arrays given")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..context import current as current_replica
 from ..dtypes import LOW_PRECISION
 from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
@@ -21,6 +22,7 @@ from .agree import COLLECTIVE, agree, digest
 from .comm import world
 from .overlap import start_allreduce
 
+_HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
 _ARGS = {"all_reduce": ("op",), "all_gather": ("axis", "tiled"), "broadcast": ("root",),
          "reduce_scatter": ("op", "axis"), "permute": ("shift",)}
 
@@ -35,6 +37,12 @@ def _eager(kind, x, num_replicas, attrs):
     rank's call and line, never a hang, a misread message or a silently wrong result."""
     comm = world()
     if num_replicas != comm.size:
+        if current_replica() is None:  # not in a step at all
+            raise ReplicaContextError(
+                f"rp.{kind} outside a step on {comm.size} processes at "
+                f"{source_line(user_frame())}: the replica collectives combine the replicas of "
+                f"a Replicator step; to combine the processes' values outside a step use "
+                f"rp.host.{_HOST.get(kind, 'all_reduce')}(x, ...) (NumPy values)")
         raise ReplicaContextError(f"eager collectives need one replica per process: {num_replicas} "
                          f"replicas on {comm.size} processes")
     if comm.size > 1:

@@ -38,6 +38,7 @@ from .checks import (
 )
 from .comm import world
 from .config import agree_config
+from .data import progress_total
 from .schedule import Schedules
 
 OUTPUT_REDUCTIONS = {"mean": lambda a: a.mean(0), "sum": lambda a: a.sum(0),
@@ -63,10 +64,10 @@ class Replicator:
     outputs or variable updates hold NaN or Inf, before the update is written (graph mode names
     the op that produced it); ``check_sync`` compares the ranks' copies of the variables at
     every checkpoint and at the end of ``run`` (``True``, the default), also every N steps (an
-    int N), or never (``False``), and raises ``rp.DivergenceError`` naming the first variable
-    that differs; ``collective_timeout``
-    (seconds; default ``$REPLICATE_COLLECTIVE_TIMEOUT`` or 300; 0: none) is how long a
-    cross-process call may wait before the job is aborted with a report of the missing ranks.
+    int N), or never (``False``): ``rp.DivergenceError`` names the first that differs;
+    ``collective_timeout`` (seconds; default ``$REPLICATE_COLLECTIVE_TIMEOUT`` or 300; 0: none)
+    is how long a cross-process call may wait before the job is aborted with a report of the
+    missing ranks.
 
     >>> import numpy as np, replicate as rp
     >>> w = rp.Variable(np.zeros(2), name="w")
@@ -130,6 +131,8 @@ class Replicator:
         self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
         self._step_entry = None  # graph mode: (this step's signature, its compiled step or None)
         self._journal = nan_check.WriteJournal()  # eager + check_finite: values before a step
+        self._stop = False  # rep.stop() was called (by a callback) on this rank
+        self._pending = None  # batches drawn at the step start where the ranks agreed to stop
         agree_config(self)  # every rank constructed it alike (one small exchange)
         if collective_timeout is not None:
             watchdog.set_timeout(collective_timeout)
@@ -147,10 +150,12 @@ class Replicator:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
             self._iterators = [iter(self.input_fn(ctx)) for ctx in self.contexts]
+        self._stop = False
         callbacks = list(callbacks)
         if metrics:
             callbacks.append(MetricsLog(metrics))
-        bar = Progress(total=steps and self.step + steps) if progress else None
+        bar = Progress(total=progress_total(steps, self.step, self._iterators)) if progress \
+            else None
         if bar:
             callbacks.append(bar)
         history = []
@@ -187,6 +192,12 @@ class Replicator:
                 bar.close()
         return history
 
+    def stop(self) -> None:
+        """End ``run`` after the current step (early stopping from a callback). Every rank stops
+        at the same step even if only some call it: the request travels with the next step's
+        start, which every rank exchanges anyway."""
+        self._stop = True
+
     def restore(self, path: str, state) -> int:
         """Load a checkpoint into ``state`` (a nest of Variables) on every rank and continue
         from its step: the input functions restart with ``ctx.start_step`` set to it (which
@@ -204,13 +215,9 @@ class Replicator:
 
     def variables(self) -> list:
         """The variables the steps run so far read or write (one copy on every rank)."""
-        found = {}
-        for step in self.cache.values():
-            for var in step.graph.meta.variables:
-                found.setdefault(id(var), var)
-        for vid, var in self._synced.items():
-            found.setdefault(vid, var)
-        return list(found.values())
+        found = {id(v): v for step in self.cache.values() for v in step.graph.meta.variables}
+        return list({**found, **{k: v for k, v in self._synced.items() if k not in found}}
+                    .values())
 
     def verify_sync(self, when: str = "on request") -> None:
         """Compare the ranks' copies of the step's variables (a fingerprint each, one small
@@ -234,12 +241,9 @@ class Replicator:
         its batch signature (0: not compiled yet). When a rank compiles anew (its batches
         changed shape) or the ranks' compiled steps differ, every rank compares schedules this
         step (``_graph_step``) instead of one rank's check meeting another's step."""
-        batches = []
-        for it in self._iterators:
-            try:
-                batches.append(next(it))
-            except StopIteration:
-                batches.append(None)
+        if self._stop and self.num_ranks == 1:
+            return None
+        batches, self._pending = self._pending or [next(it, None) for it in self._iterators], None
         self._check_batches(batches, self.step + 1, self.contexts)
         have = sum(b is not None for b in batches)
         fp = 0
@@ -250,8 +254,12 @@ class Replicator:
             fp = self._schedules.fingerprint(step.key) if step is not None else 0
         if self.num_ranks == 1:
             counts = [have]
-        else:
-            rows = agree(self.comm, STEP, 0, have, fp, describe=self._describe_step_start)
+        else:  # (a rank asked to stop sends its count as -1 - count)
+            rows = agree(self.comm, STEP, 0, -1 - have if self._stop else have, fp,
+                         describe=self._describe_step_start)
+            if any(row[2] < 0 for row in rows):  # someone called stop(): keep the batches
+                self._pending, self._stop = batches, True
+                return None
             counts = [row[2] for row in rows]
         if min(counts) == self.k:
             if self.num_ranks > 1:
@@ -367,7 +375,7 @@ class Replicator:
     def _last_compiled(self):
         if not self.cache:
             raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
-        return list(self.cache.values())[-1]
+        return self.cache.values()[-1]
 
     # -- outputs --------------------------------------------------------------------------------
     def _reduce_outputs(self, results, flag=None):
