@@ -59,9 +59,16 @@ class Optimizer(TraceKeyed):
         return [Variable(np.zeros(p.shape, compute_dtype(p.dtype)), name=f"{p.name}.{name}")
                 for p in self.params]
 
-    def learning_rate(self, step):
+    def lr_at(self, step):
         """The learning rate at (traced) ``step``: a number or a schedule ``fn(step)``."""
         return self.lr(step) if callable(self.lr) else self.lr
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the next update uses (a schedule evaluated at the next step)."""
+        if not callable(self.lr):
+            return float(self.lr)
+        return float(np.asarray(rnp.as_array(self.lr(rnp.asarray(self.step.value + 1))).numpy()))
 
     def apply(self, grads) -> None:
         """Update every parameter from its gradient (a nest shaped like the parameters)."""
@@ -72,7 +79,7 @@ class Optimizer(TraceKeyed):
         self.traced_by()
         step = self.step.read() + 1
         self.step.assign(step)
-        lr = self.learning_rate(step)
+        lr = self.lr_at(step)
         for i, (p, g) in enumerate(zip(self.params, leaves)):
             g = rnp.as_array(g)
             if g.shape != p.shape:

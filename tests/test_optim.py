@@ -511,3 +511,14 @@ def test_two_optimizers_in_one_step_graph_replicas_match_eager():
     assert int(g_opt.variables()["step"].numpy()) == steps
     assert int(d_opt.variables()["step"].numpy()) == steps
     assert g_opt.variables()["step"] is not d_opt.variables()["step"]
+
+
+def test_learning_rate_reads_the_current_value_of_a_schedule():
+    """``opt.learning_rate``: the rate the next update uses, on plain and wrapped optimisers."""
+    w = rp.Variable(np.zeros(2))
+    opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=rp.optim.warmup_cosine(1.0, 10, 110)))
+    assert opt.learning_rate == pytest.approx(0.1)
+    for _ in range(9):
+        opt.apply([np.ones(2)])
+    assert opt.learning_rate == pytest.approx(1.0)
+    assert rp.optim.Adam([w], lr=3e-4).learning_rate == 3e-4
