@@ -21,6 +21,7 @@ from .errors import ReplicateError
 from .graph.core import Graph, GraphMeta
 from .graph.passes.divergence import divergent_writes
 from .graph.trace import Trace, active, trace_inputs
+from .interop import from_foreign, is_foreign
 from .numpy import as_array
 
 
@@ -110,7 +111,8 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
 
 def batch_leaves(batches) -> list:
     """The arrays a compiled step is fed: every replica's batch leaves, as NumPy arrays."""
-    return [np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    return [from_foreign(x) if is_foreign(x) else np.asarray(x.numpy() if hasattr(x, "numpy")
+                                                              else x)
             for b in batches for x in tree.flatten(b)[0] if not isinstance(x, (str, bytes))]
 
 

@@ -152,6 +152,14 @@ class Array:
         self._need_concrete("tolist()")
         return self.value.tolist()
 
+    # -- DLPack: the value, zero-copy, to np.from_dlpack, jax.dlpack, torch.from_dlpack ---------
+    def __dlpack__(self, **kwargs):
+        self._need_concrete("DLPack export")
+        return np.asarray(self.value).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0: a concrete value lives in host memory
+
     def __hash__(self):
         return object.__hash__(self)
 

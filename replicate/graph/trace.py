@@ -15,6 +15,7 @@ import numpy as np
 from .. import tree
 from ..dtypes import is_supported
 from ..errors import ReplicateError, user_frame
+from ..interop import from_foreign, is_foreign
 from .aval import AVal
 from .core import Array, Node, set_trace
 
@@ -172,7 +173,8 @@ def signature(args) -> tuple:
 def _leaf_key(x):
     if isinstance(x, (str, bytes)):
         return ("static", x)
-    value = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    value = from_foreign(x) if is_foreign(x) else np.asarray(
+        x.numpy() if hasattr(x, "numpy") else x)
     if not is_supported(value.dtype):  # complex, objects, strings, records, dates
         raise ReplicateError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
                              "traced function: the dtypes are bool, integers and floats")
@@ -187,6 +189,8 @@ def trace_inputs(trace: Trace, args, prefix="arg"):
         if isinstance(x, (str, bytes)):
             traced.append(x)
             continue
+        if is_foreign(x):  # a JAX, PyTorch, CuPy array
+            x = from_foreign(x)
         if hasattr(x, "shape") and hasattr(x, "dtype"):  # no value needed (nor read)
             aval = AVal(tuple(x.shape), np.dtype(x.dtype))
         else:

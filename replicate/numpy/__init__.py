@@ -25,6 +25,7 @@ from ._shape import (
     concatenate,
     expand_dims,
     eye,
+    from_dlpack,
     full,
     getitem,
     moveaxis,

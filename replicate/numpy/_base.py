@@ -16,6 +16,7 @@ from ..dtypes import (
 )
 from ..errors import DTypeError, ReplicateError
 from ..graph.core import Array, bind, concrete
+from ..interop import from_foreign
 
 
 def as_array(x, dtype=None) -> Array:
@@ -34,7 +35,11 @@ def as_array(x, dtype=None) -> Array:
             raise DTypeError(f"cannot make an array from {type(x).__name__} of dtype "
                              f"{value.dtype}: the dtypes are bool, integers and floats")
         return concrete(value)
+    if hasattr(x, "__dlpack__") or hasattr(x, "__array__"):  # JAX, PyTorch, CuPy, ...
+        return as_array(from_foreign(x), dtype)
     raise ReplicateError(f"expected an array or number, got {type(x).__name__}")
+
+
 
 
 def dtype_key(x):

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import DTypeError, IndexOutOfRangeError, ReplicateError
 from ..graph.core import Array, bind, concrete
-from ._base import as_array, cast, norm_axes, promote, static_axis
+from ._base import as_array, cast, from_foreign, norm_axes, promote, static_axis
 from ._elementwise import equal
 
 
@@ -24,6 +24,20 @@ def asarray(x, dtype=None) -> Array:
 
 
 array = asarray
+
+
+def from_dlpack(x) -> Array:
+    """An Array from any object with ``__dlpack__`` (a JAX, PyTorch or CuPy array; NumPy 2's
+    ``np.from_dlpack`` contract): zero-copy for values in host memory, so writing to the source
+    writes to the Array. (``rnp.asarray`` accepts the same objects.)
+
+    >>> import numpy as np, replicate.numpy as rnp
+    >>> rnp.from_dlpack(np.arange(3.0)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    if not hasattr(x, "__dlpack__"):
+        raise ReplicateError(f"from_dlpack: {type(x).__name__} has no __dlpack__")
+    return as_array(from_foreign(x))
 
 
 def zeros(shape, dtype=np.float32):
