@@ -2,7 +2,13 @@
 
     python -m replicate.launch -n 2 examples/classifier.py [args...]
     python -m replicate.launch -n 2 -m package.module [args...]
+    python -m replicate.launch -n 4 -f hostfile -ppn 2 --prefix-rank train.py [args...]
     replicate-launch -n 2 examples/classifier.py [args...]
+
+Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
+through Python starts with ``[rank] ``); any other option goes to ``mpiexec`` as written
+(``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
+value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
 
 Every rank runs the script through the bootstrap (``python -m replicate``, see
 ``replicate/runtime/bootstrap.py``): MPI is up before the script's first line, and a rank that
@@ -15,7 +21,6 @@ the job within seconds instead of leaving them waiting.
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
 import shutil
@@ -44,10 +49,58 @@ def find_mpiexec() -> str:
                      "pip install 'replicate[mpi]'")
 
 
-def command(n: int, script: str | None, args: list[str], module: str | None = None) -> list[str]:
+def command(n: int, script: str | None, args: list[str], module: str | None = None,
+            mpi_args=()) -> list[str]:
     """The ``mpiexec`` command line: every rank runs the bootstrap on the script (or module)."""
     target = ["-m", module] if module else [script]
-    return [find_mpiexec(), "-n", str(n), sys.executable, "-m", "replicate", *target, *args]
+    return [find_mpiexec(), "-n", str(n), *mpi_args, sys.executable, "-m", "replicate", *target,
+            *args]
+
+
+# MPICH (hydra) options that take no value; every other unknown option takes the next word
+NO_VALUE = frozenset({"-l", "-prepend-rank", "--prepend-rank", "-verbose", "--verbose", "-v",
+                      "-info", "-disable-x", "-enable-x", "-print-all-exitcodes",
+                      "-disable-auto-cleanup", "-genvall", "-genvnone", "-usize", "-nameserver"})
+
+
+def parse(argv: list[str]):
+    """(nprocs, module, prefix_rank, mpiexec's options, script, the script's args) from the
+    launcher's command line: its own options and mpiexec's come before the script."""
+    nprocs, prefix, mpi, i = 2, False, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            raise SystemExit(__doc__)
+        if arg in ("-n", "-np", "--nprocs") or arg.startswith(("-n=", "--nprocs=")):
+            value, i = (arg.split("=", 1)[1], i + 1) if "=" in arg else (_value(argv, i), i + 2)
+            if not value.isdigit() or int(value) < 1:
+                raise SystemExit(f"replicate.launch: -n needs a number >= 1, got {value!r}")
+            nprocs = int(value)
+            continue
+        if arg == "-m":
+            return nprocs, _value(argv, i), prefix, mpi, None, argv[i + 2:]
+        if arg == "--prefix-rank":
+            prefix, i = True, i + 1
+        elif arg == "--":
+            i += 1
+            break
+        elif arg.startswith("-") and arg != "-":
+            takes = "=" not in arg and arg not in NO_VALUE
+            mpi += argv[i:i + 2] if takes else [arg]
+            if takes:
+                _value(argv, i)
+            i += 2 if takes else 1
+        else:
+            break
+    if i >= len(argv):
+        raise SystemExit("replicate.launch: a script (or -m module) is required")
+    return nprocs, None, prefix, mpi, argv[i], argv[i + 1:]
+
+
+def _value(argv, i):
+    if i + 1 >= len(argv):
+        raise SystemExit(f"replicate.launch: {argv[i]} needs a value")
+    return argv[i + 1]
 
 
 def share_threads(environ, nprocs: int) -> None:
@@ -207,29 +260,20 @@ def _end(proc):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="replicate-launch", description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of processes")
-    parser.add_argument("-m", dest="module", help="run a module (as python -m) instead of a script")
-    parser.add_argument("script", nargs="?", help="the script (or, with -m, its first argument)")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    opts = parser.parse_args(argv)
-    if opts.nprocs < 1:
-        parser.error("-n must be at least 1")
-    args = ([opts.script] if opts.script is not None else []) + opts.args
-    if opts.module is None:
-        if opts.script is None:
-            parser.error("a script (or -m module) is required")
-        args = opts.args
-    cmd = command(opts.nprocs, opts.script if opts.module is None else None, args, opts.module)
+    nprocs, module, prefix, mpi_args, script, args = parse(
+        sys.argv[1:] if argv is None else list(argv))
+    cmd = command(nprocs, script, args, module, mpi_args)
     env = dict(os.environ)
-    share_threads(env, opts.nprocs)
+    share_threads(env, nprocs)
+    if prefix:
+        env["REPLICATE_PREFIX_RANK"] = "1"
     with tempfile.TemporaryDirectory(prefix="replicate-launch-") as folder:
         env[status.ENV] = folder
         exits = Exits(folder)
         proc = subprocess.Popen(cmd, env=env)
         previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            return supervise(proc, folder, opts.nprocs, exits)
+            return supervise(proc, folder, nprocs, exits)
         finally:
             signal.signal(signal.SIGTERM, previous)
             exits.close()

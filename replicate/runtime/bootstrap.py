@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank is not None:
         status.open_record(rank)
     comm = _start(rank)
+    if os.environ.get(PREFIX_ENV) == "1":
+        prefix_output(comm.rank)
     if script is not None:
         if not os.path.exists(script):
             hooks.abort(comm, 2, f"[replicate] rank {comm.rank}: cannot run {script!r}: no such "
@@ -94,6 +96,38 @@ def main(argv: list[str] | None = None) -> int:
         hooks.print_traceback(kind, value, tb)  # as Python would, without the bootstrap's frames
         return hooks.finish(130 if kind is KeyboardInterrupt else 1)
     return hooks.finish(0)
+
+
+PREFIX_ENV = "REPLICATE_PREFIX_RANK"  # set by ``replicate.launch --prefix-rank``
+
+
+class _Prefixed:
+    """A text stream that starts every line with ``[rank] ``."""
+
+    def __init__(self, stream, rank):
+        self._stream, self._prefix, self._at_start = stream, f"[{rank}] ", True
+
+    def write(self, text):
+        if not text:
+            return 0
+        lines = text.split("\n")
+        out = [(self._prefix if self._at_start else "") + lines[0]]
+        out += [self._prefix + line if line else line for line in lines[1:]]
+        self._at_start = text.endswith("\n")
+        if self._at_start:  # (no prefix after the final newline until more text comes)
+            out[-1] = ""
+        self._stream.write("\n".join(out))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def prefix_output(rank) -> None:
+    """Every line this process prints through Python (stdout and stderr) starts with
+    ``[rank] `` (output written below Python, by C code, is not prefixed)."""
+    sys.stdout = _Prefixed(sys.stdout, rank)
+    sys.stderr = _Prefixed(sys.stderr, rank)
 
 
 def _start(rank):

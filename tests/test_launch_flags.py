@@ -1,0 +1,67 @@
+"""The launcher's command line: its own options, mpiexec's passed through (a hostfile naming
+localhost, -ppn), ``-m module`` and ``--prefix-rank``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conftest import child_env, have_mpi, report, run
+from replicate.launch import NO_VALUE, command, parse
+
+
+def test_parse_splits_the_launchers_options_mpiexecs_and_the_scripts():
+    assert parse(["-n", "4", "-f", "hosts", "-ppn", "2", "--prefix-rank", "t.py", "--lr", "1"]) \
+        == (4, None, True, ["-f", "hosts", "-ppn", "2"], "t.py", ["--lr", "1"])
+    assert parse(["-m", "pkg.mod", "-n", "3"]) == (2, "pkg.mod", False, [], None, ["-n", "3"])
+    assert parse(["--hosts=a,b", "-l", "s.py"]) == (2, None, False, ["--hosts=a,b", "-l"],
+                                                    "s.py", [])
+    assert parse(["-bind-to", "core", "--", "-weird-name.py"])[3:5] == (
+        ["-bind-to", "core"], "-weird-name.py")
+    assert "-l" in NO_VALUE
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-n", "0", "s.py"], "-n needs a number >= 1"),
+    (["-n", "two", "s.py"], "-n needs a number >= 1"),
+    (["-n", "2"], "a script \\(or -m module\\) is required"),
+    (["-f"], "-f needs a value"),
+])
+def test_parse_errors(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        parse(argv)
+
+
+def test_command_puts_mpiexecs_options_before_python():
+    cmd = command(2, "t.py", ["x"], None, ["-f", "hosts"])
+    assert cmd[1:5] == ["-n", "2", "-f", "hosts"]
+    assert cmd[5:] == [sys.executable, "-m", "replicate", "t.py", "x"]
+
+
+PROGRAM = """import sys
+import replicate as rp
+print("rank", rp.process_index(), "of", rp.process_count(), "args", sys.argv[1:])
+print("second line")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("as_module", [False, True], ids=["script", "module"])
+def test_a_hostfile_naming_localhost_and_prefixed_output(tmp_path, as_module):
+    if not have_mpi():
+        pytest.skip("needs mpi4py and mpiexec (mpich wheel)")
+    (tmp_path / "hello_ranks.py").write_text(PROGRAM)
+    (tmp_path / "hosts").write_text("localhost:2\n")
+    target = ["-m", "hello_ranks"] if as_module else ["hello_ranks.py"]
+    cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", "-f", "hosts", "-ppn", "2",
+           "--prefix-rank", *target, "--epochs", "3"]
+    env = child_env()
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]  # (for -m hello_ranks)
+    result = run(cmd, cwd=str(tmp_path), env=env)
+    assert result.returncode == 0, report(result)
+    for rank in (0, 1):
+        assert f"[{rank}] rank {rank} of 2 args ['--epochs', '3']" in result.stdout, \
+            report(result)
+        assert f"[{rank}] second line" in result.stdout
