@@ -31,7 +31,53 @@ PRECISION = lax.Precision.HIGHEST
 
 
 def _scatter_add(g, *idx, index, shape):
+    if not idx:  # basic indexing only: a pad, not a scatter (checkify's scatter check fails on
+        return _pad_into(g, index, shape)  # index-free scatters; XLA likes pads better anyway)
     return jnp.zeros(shape, jnp.result_type(g)).at[index_tuple(index, idx)].add(g)
+
+
+def _pad_into(g, index, shape):
+    """``zeros(shape)`` with ``g`` placed where ``zeros(shape)[index]`` selects (ints, slices,
+    None, Ellipsis): every selected position is distinct, so this is the scatter-add."""
+    entries = list(index)
+    if any(e[0] == "ellipsis" for e in entries):
+        at = next(i for i, e in enumerate(entries) if e[0] == "ellipsis")
+        used = sum(e[0] in ("int", "slice") for e in entries)
+        entries[at:at + 1] = [("slice", None, None, None)] * (len(shape) - used)
+    used = sum(e[0] in ("int", "slice") for e in entries)
+    entries += [("slice", None, None, None)] * (len(shape) - used)
+    config, dim, axis = [], 0, 0  # axis: in g
+    for e in entries:
+        if e[0] == "none":  # an axis of size 1 that the index added
+            g = jnp.squeeze(g, axis)
+            continue
+        size = shape[dim]
+        if e[0] == "int":
+            i = e[1] % size
+            g = jnp.expand_dims(g, axis)
+            config.append((i, size - i - 1, 0))
+        else:
+            start, stop, step = slice(*e[1:]).indices(size)
+            count = len(range(start, stop, step))
+            if count == 0:
+                return jnp.zeros(shape, jnp.result_type(g))
+            if step < 0:  # the same positions in ascending order
+                g = jnp.flip(g, axis)
+                start, step = start + (count - 1) * step, -step
+            last = start + (count - 1) * step
+            config.append((start, size - last - 1, step - 1))
+        dim, axis = dim + 1, axis + 1
+    return lax.pad(g, jnp.zeros((), jnp.result_type(g)), config)
+
+
+def _wide_result(*xs) -> dict:
+    """float16/bfloat16 products accumulate in (and return) float32, as the NumPy reference
+    does; ``apply`` rounds the result to the node's dtype. XLA on a CPU also runs such a dot with
+    its bf16 kernel only when the result is float32 (a bf16 result is upcast to a float32 dot:
+    bench/RESULTS.md, "Mixed precision")."""
+    if all(jnp.result_type(x) in (jnp.bfloat16, jnp.float16) for x in xs):
+        return {"preferred_element_type": jnp.float32}
+    return {}
 
 
 def apply(node, args):
@@ -49,8 +95,9 @@ JAX = reference.table(jnp, "jax", {
     "logistic": jax.nn.sigmoid,
     "stop_gradient": jnp.asarray,  # JAX never differentiates here: the IR has the gradient
     "scatter_add": _scatter_add,
-    "matmul": lambda a, b: jnp.matmul(a, b, precision=PRECISION),
-    "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION),
+    "matmul": lambda a, b: jnp.matmul(a, b, precision=PRECISION, **_wide_result(a, b)),
+    "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION,
+                                                 **_wide_result(*xs)),
     "fused": _fused,  # groups made by the NumPy pipeline's fusion pass, should one come here
 })
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:

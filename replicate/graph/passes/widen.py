@@ -38,13 +38,20 @@ def widen(graph: Graph) -> Graph:
         return graph
     todo = {id(n) for n in todo}
     rb = Rebuilder(graph)
+    casts: dict = {}  # id of a low-precision value -> its float32 cast (one per value)
+
+    def widened(x):
+        if x.id not in casts:
+            casts[x.id] = bind("cast", x, dtype=F32)
+        return casts[x.id]
+
     with rb:
         for node in graph.nodes:
             if id(node) not in todo:
                 rb.copy(node)
                 continue
             inputs = [rb.get(i) for i in node.inputs]
-            inputs = [bind("cast", x, dtype=F32) if _low(x.aval) else x for x in inputs]
+            inputs = [widened(x) if _low(x.aval) else x for x in inputs]
             wide = _wide_attrs(node)
             out_aval = AVal(node.out.aval.shape, F32) if _low(node.out.aval) else node.out.aval
             new = Node(node.prim, tuple(inputs), wide, node.where)
