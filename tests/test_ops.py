@@ -676,6 +676,7 @@ for name, op, ref in [("zeros_like", rnp.zeros_like, np.zeros_like),
     case(name, lambda x, op=op: op(x, dtype=np.int64) + x, lambda x, ref=ref: ref(x, np.int64) + x,
          In((3,), F64), label="dtype+x")
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=False)
+case("from_dlpack", rnp.from_dlpack, lambda x: x, In((2, 3)))  # (foreign arrays: test_interop)
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((), I32), grad=False)
 
 

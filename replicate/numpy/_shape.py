@@ -35,6 +35,8 @@ def from_dlpack(x) -> Array:
     >>> rnp.from_dlpack(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
+    if isinstance(x, Array) or hasattr(x, "read"):  # already ours (traced values too)
+        return as_array(x)
     if not hasattr(x, "__dlpack__"):
         raise ReplicateError(f"from_dlpack: {type(x).__name__} has no __dlpack__")
     return as_array(from_foreign(x))
