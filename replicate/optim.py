@@ -274,7 +274,7 @@ class CrossReplicaOptimizer(TraceKeyed):
             self.optimizer.apply(grads)
             return
         # the reduced gradients are the same on every replica and rank: so is this verdict
-        finite = rnp.isfinite(sum(rnp.sum(g) for g in leaves))
+        finite = rnp.min(rnp.stack([rnp.min(rnp.isfinite(g)) for g in leaves]))  # every element
         cond(finite, lambda: self.optimizer.apply(grads), lambda: None)
         good = rnp.where(finite, self.good_steps.read() + 1, 0)
         grow = good >= self.growth_interval
