@@ -304,3 +304,13 @@ def test_autocast_around_a_compiled_call_is_part_of_its_cache_key():
     assert f(a, b).dtype == F32 and f.trace_count == 2
     with rp.autocast("bfloat16"):
         assert f(a, b).dtype == BF16 and f.trace_count == 2  # the first compiled step again
+
+
+def test_large_finite_gradients_are_not_taken_for_an_overflow():
+    """Two float32 gradients of 3e38: finite, though their sum is not; the update happens."""
+    w = rp.Variable(np.zeros(2, np.float32), name="w")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=1e-38), loss_scale="dynamic")
+    opt.scale_var.assign(np.float32(1.0))
+    opt.apply([rnp.full(2, 3e38, np.float32)])
+    assert int(opt.optimizer.step.numpy()) == 1 and opt.loss_scale == 1.0
+    np.testing.assert_allclose(w.numpy(), -3.0, rtol=1e-6)
