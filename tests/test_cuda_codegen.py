@@ -104,6 +104,11 @@ PROGRAMS = [
     (lambda x: (x // 3 + rnp.sign(x)).prod(axis=0), np.int32),
     (lambda x: rnp.cast(rnp.logical_and(x > 0.5, rnp.logical_not(x > 2.0)), np.float32).sum(),
      np.float32),
+    # issue 16: rounding, NumPy's mod (the divisor's sign) and erf
+    (lambda x: rnp.mod(x, 1.5) + rnp.floor(x) * rnp.ceil(x) - rnp.round(x * 0.5) + rnp.erf(x),
+     np.float32),
+    (lambda x: rnp.erf(rnp.mod(x, -2.5)) * rnp.round(x * 0.25), np.float64),
+    (lambda x: (x % 3 + rnp.mod(x, -4)).sum(axis=0), np.int64),
 ]
 
 

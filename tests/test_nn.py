@@ -9,6 +9,8 @@ randomness is checked per replica and per step.
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import zlib
 
 import numpy as np
@@ -149,6 +151,10 @@ def log_softmax_ref(x, axis=-1):
 
 def gelu_ref(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_exact_ref(x):
+    return x * 0.5 * (1.0 + np.vectorize(math.erf)(x / np.sqrt(2.0)))
 
 
 # ================================================================================================
@@ -314,6 +320,176 @@ def test_flatten(mode):
     check_layer(layer, lambda p, x: x.reshape(2, -1), [x], mode, name="flatten")
 
 
+
+# ================================================================================================
+# ConvTranspose2d and Upsample (issue 16): NumPy references here, and PyTorch where installed
+# ================================================================================================
+def conv_transpose2d_ref(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1):
+    """By definition: each input pixel adds its kernel, times its value, onto the output."""
+    sh, sw = (stride, stride) if np.isscalar(stride) else stride
+    ph, pw = (padding, padding) if np.isscalar(padding) else padding
+    eh, ew = (output_padding,) * 2 if np.isscalar(output_padding) else output_padding
+    dh, dw = (dilation, dilation) if np.isscalar(dilation) else dilation
+    n, c, h, wd = x.shape
+    _, o, kh, kw = w.shape
+    full = np.zeros((n, o, (h - 1) * sh + dh * (kh - 1) + 1 + eh,
+                     (wd - 1) * sw + dw * (kw - 1) + 1 + ew))
+    for i in range(h):
+        for j in range(wd):
+            for a in range(kh):
+                for q in range(kw):
+                    full[:, :, i * sh + a * dh, j * sw + q * dw] += np.einsum(
+                        "nc,co->no", x[:, :, i, j], w[:, :, a, q])
+    out = full[:, :, ph:full.shape[2] - ph, pw:full.shape[3] - pw]
+    return out if b is None else out + b.reshape(1, -1, 1, 1)
+
+
+def upsample_ref(x, scale, mode):
+    """PyTorch's definitions, pixel by pixel: nearest takes source ``floor(dst / scale)``;
+    bilinear (align_corners=False) weights the two neighbours of ``(dst + 0.5) / scale - 0.5``
+    (clamped at 0) along each axis."""
+    sh, sw = (scale, scale) if np.isscalar(scale) else scale
+    n, c, h, w = x.shape
+    oh, ow = int(np.floor(h * sh)), int(np.floor(w * sw))
+
+    def taps(dst, size, s):
+        if mode == "nearest":
+            return [(min(int(np.floor(dst / s)), size - 1), 1.0)]
+        src = max((dst + 0.5) / s - 0.5, 0.0)
+        lo = min(int(np.floor(src)), size - 1)
+        hi = min(lo + 1, size - 1)
+        return [(lo, 1.0 - (src - lo)), (hi, src - lo)]
+
+    out = np.zeros((n, c, oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            for a, wa in taps(i, h, sh):
+                for b, wb in taps(j, w, sw):
+                    out[:, :, i, j] += wa * wb * x[:, :, a, b]
+    return out
+
+
+CONV_T_CONFIGS = [dict(), dict(stride=2), dict(stride=2, padding=1, output_padding=1),
+                  dict(stride=(2, 3), padding=(0, 1), output_padding=(1, 2)),
+                  dict(stride=2, dilation=2, padding=1)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("config", range(len(CONV_T_CONFIGS)))
+def test_conv_transpose2d(mode, config):
+    kw = CONV_T_CONFIGS[config]
+    rng = rng_for(f"convT{config}")
+    layer = rp.nn.ConvTranspose2d(2, 3, (3, 2), rng=rng, dtype=F64, **kw)
+    assert layer.weight.shape == (2, 3, 3, 2) and layer.bias.shape == (3,)  # (in, out, kH, kW)
+    randomise(layer, rng)
+    x = rng.normal(size=(2, 2, 3, 4))
+
+    def ref(p, x):
+        return conv_transpose2d_ref(x, p["weight"], p["bias"], **kw)
+
+    check_layer(layer, ref, [x], mode, name=f"convT{config}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_conv_transpose2d_without_bias(mode):
+    rng = rng_for("convT-nobias")
+    layer = rp.nn.ConvTranspose2d(1, 2, 2, stride=2, bias=False, rng=rng, dtype=F64)
+    assert list(layer.parameters()) == ["weight"]
+    check_layer(layer, lambda p, x: conv_transpose2d_ref(x, p["weight"], stride=2),
+                [rng.normal(size=(1, 1, 3, 3))], mode, name="convT-nobias")
+    y = rp.function(layer, mode=mode)(np.ones((1, 1, 3, 3)))
+    assert y.shape == (1, 2, 6, 6)
+
+
+def test_conv_transpose2d_refuses_what_pytorch_refuses():
+    with pytest.raises(rp.ReplicateError, match="output_padding"):
+        rp.nn.ConvTranspose2d(1, 1, 3, stride=2, output_padding=2)(np.ones((1, 1, 3, 3)))
+    with pytest.raises(rp.ReplicateError, match="do not fit"):
+        rp.nn.ConvTranspose2d(2, 1, 3)(np.ones((1, 3, 3, 3), np.float32))
+
+
+UPSAMPLE = [(2, "nearest"), (3, "nearest"), ((2, 3), "nearest"), (1.5, "nearest"),
+            (2, "bilinear"), (3, "bilinear"), ((1, 2), "bilinear"), (2.5, "bilinear"),
+            (0.5, "bilinear")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("scale,how", UPSAMPLE)
+def test_upsample(mode, scale, how):
+    rng = rng_for(f"upsample{scale}{how}")
+    layer = rp.nn.Upsample(scale, mode=how)
+    assert layer.parameters() == {}
+    x = rng.normal(size=(2, 2, 3, 4))
+    check_layer(layer, lambda p, x: upsample_ref(x, scale, how), [x], mode,
+                name=f"upsample{scale}{how}")
+    y32 = rp.function(lambda v: rp.nn.functional.upsample(v, scale, how), mode=mode)(
+        x.astype(np.float32))
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, upsample_ref(x, scale, how), rtol=1e-5, atol=1e-6)
+
+
+def test_upsample_nearest_of_integers_and_bad_arguments():
+    x = np.arange(6, dtype=np.int32).reshape(1, 1, 2, 3)
+    y = rp.function(lambda v: rp.nn.functional.upsample(v, 2))(x)
+    np.testing.assert_array_equal(y, x.repeat(2, 2).repeat(2, 3))
+    with pytest.raises(rp.ReplicateError, match="mode"):
+        rp.nn.Upsample(2, mode="bicubic")(np.ones((1, 1, 2, 2)))
+    with pytest.raises(rp.ReplicateError, match="NCHW"):
+        rp.nn.Upsample(2)(np.ones((2, 2)))
+    with pytest.raises(rp.ReplicateError, match="float"):
+        rp.nn.Upsample(2, mode="bilinear")(x)
+
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (optional): the comparison with "
+                                        "PyTorch is skipped; the NumPy references still run")
+
+
+def _torch_grads(fn, *arrays, cot):
+    import torch
+
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = fn(*ts)
+    (y * torch.tensor(cot)).sum().backward()
+    return y.detach().numpy(), [t.grad.numpy() for t in ts]
+
+
+@needs_torch
+@pytest.mark.parametrize("config", range(len(CONV_T_CONFIGS)))
+def test_conv_transpose2d_matches_pytorch(config):
+    import torch
+
+    kw = CONV_T_CONFIGS[config]
+    rng = rng_for(f"convT-torch{config}")
+    x, w, b = rng.normal(size=(2, 2, 3, 4)), rng.normal(size=(2, 3, 3, 2)), rng.normal(size=3)
+    cot = rng.normal(size=conv_transpose2d_ref(x, w, **kw).shape)
+    want, want_grads = _torch_grads(
+        lambda x, w, b: torch.nn.functional.conv_transpose2d(x, w, b, **kw), x, w, b, cot=cot)
+    layer = rp.nn.ConvTranspose2d(2, 3, (3, 2), dtype=F64, **kw)
+    layer.weight.assign(w)
+    layer.bias.assign(b)
+    y, grads = rp.function(lambda v: (layer(v), rp.grad(rnp.sum(layer(v) * cot),
+                                                        [v, layer.weight, layer.bias])))(x)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    for g, t in zip(grads, want_grads):
+        np.testing.assert_allclose(g, t, rtol=1e-12, atol=1e-12)
+
+
+@needs_torch
+@pytest.mark.parametrize("scale,how", UPSAMPLE + [(1.7, "nearest"), (7, "nearest"),
+                                                  (1.7, "bilinear"), ((3, 0.5), "bilinear")])
+def test_upsample_matches_pytorch(scale, how):
+    import torch
+
+    x = rng_for(f"up-torch{scale}{how}").normal(size=(2, 3, 5, 4))
+    cot = np.random.default_rng(3).normal(size=upsample_ref(x, scale, how).shape)
+    want, (want_grad,) = _torch_grads(
+        lambda v: torch.nn.Upsample(scale_factor=scale, mode=how)(v), x, cot=cot)
+    y, g = rp.function(lambda v: (rp.nn.Upsample(scale, how)(v),
+                                  rp.grad(rnp.sum(rp.nn.Upsample(scale, how)(v) * cot), v)))(x)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(g, want_grad, rtol=1e-12, atol=1e-12)
+
 # ================================================================================================
 # Module / Sequential naming
 # ================================================================================================
@@ -413,6 +589,9 @@ ACTIVATIONS = {
     "leaky_relu": (rp.nn.leaky_relu, lambda x: np.where(x > 0, x, 0.01 * x)),
     "leaky_relu(0.2)": (lambda x: rp.nn.leaky_relu(x, 0.2), lambda x: np.where(x > 0, x, 0.2 * x)),
     "gelu": (rp.nn.gelu, gelu_ref),
+    "gelu(approximate=False)": (lambda x: rp.nn.gelu(x, approximate=False), gelu_exact_ref),
+    "gelu(approximate='none')": (lambda x: rp.nn.gelu(x, approximate="none"), gelu_exact_ref),
+    "gelu(approximate='tanh')": (lambda x: rp.nn.gelu(x, approximate="tanh"), gelu_ref),
     "tanh": (rp.nn.tanh, np.tanh),
     "sigmoid": (rp.nn.sigmoid, sigmoid_ref),
     "softmax": (rp.nn.softmax, lambda x: np.exp(log_softmax_ref(x))),

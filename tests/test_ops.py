@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -691,6 +692,185 @@ case("custom_vjp", _twice, lambda x: x * 2.0, In((2, 3), F64))
 case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
 
 
+# -- everyday ops (issue 16): rounding, mod, erf, scans, sorting, rearranging ---------------------
+ROUNDING = {"floor": (rnp.floor, np.floor), "ceil": (rnp.ceil, np.ceil),
+            "round": (rnp.round, np.round)}
+for name, (op, ref) in ROUNDING.items():
+    # the gradient is zero (checked: no sample is within fd_eps of a jump)
+    case(name, op, ref, In((2, 3)))
+    case(name, op, ref, In((), F64))
+    case(name, op, ref, In((4,), F32))
+    case(name, op, ref, In((5,), F64, "special"), grad=False, label="special")
+    for dtype in (I32, I64):
+        case(name, op, ref, In((2, 3), dtype), label="int")  # whole already: returned as is
+    case(name, lambda x, op=op: op(x + 0.5), lambda x, ref=ref: ref(x + 0.5),
+         In((3, 4), F64, "int"), grad=False, label="halves")  # round: halves to even
+case("floor+ceil", lambda x: rnp.floor(x) + rnp.ceil(x), lambda x: np.floor(x) + np.ceil(x),
+     In((4,), BOOL), label="bool")
+# halves again, at decimals 1 and -1 (exact in bfloat16 too: a rounding step before a jump
+# would move the value across it; test_round_with_decimals takes general values)
+case("round", lambda x: rnp.round(x + 0.25, 1), lambda x: np.round(x + 0.25, 1),
+     In((3, 4), F64, "int"), grad=False, label="decimals=1")
+case("round", lambda x: rnp.round(x * 10.0 + 5.0, -1), lambda x: np.round(x * 10.0 + 5.0, -1),
+     In((3, 4), F32, "int"), grad=False, label="decimals=-1")
+
+for sa, sb in [((), ()), ((2, 3), (3,)), ((2, 1), (1, 3)), ((3,), ()), ((), (2, 3))]:
+    case("mod", rnp.mod, np.mod, In(sa, F64), In(sb, F64, "away0"))
+    case("mod", rnp.mod, np.mod, In(sa, I64, "int"), In(sb, I64, "away0"))
+case("mod", rnp.mod, np.mod, In((2, 3), F32), In((3,), F32, "away0"))
+case("mod", rnp.mod, np.mod, In((3, 4), I32), In((3, 4), I32), label="zero divisors")
+case("mod", rnp.mod, np.mod, In((6,), F64, "special"), In((6,), F64, "special"),
+     grad=False, label="special")
+case("mod", lambda a: rnp.mod(a * 4.0, 1.0), lambda a: np.mod(a * 4.0, 1.0), In((2, 3)),
+     label="fractional part")
+case("remainder", rnp.remainder, np.remainder, In((2, 3)), In((3,), F64, "away0"))
+case("mod", lambda a, b: a % b, lambda a, b: a % b, In((2, 3)), In((3,), F64, "away0"),
+     label="operator%")
+case("mod", lambda a, b: a % b, lambda a, b: a % b, In((2, 3), I32, "int"),
+     In((2, 3), I32, "away0"), label="operator%")
+case("mod", lambda a: a % -1.5, lambda a: a % -1.5, In((2, 3)), label="operator% scalar")
+case("mod", lambda a: 7.0 % a, lambda a: 7.0 % a, In((2, 3), F64, "away0"), label="rmod")
+case("mod", lambda a: np.full((2, 3), 5.5) % a, lambda a: np.full((2, 3), 5.5) % a,
+     In((3,), F64, "away0"), label="ndarray-on-the-left")
+case("mod", lambda a: a % 3, lambda a: a % 3, In((4,), BOOL), label="bool % int")
+
+
+def erf_ref(x):
+    out = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return np.asarray(out, x.dtype if x.dtype.kind == "f" else np.float64)
+
+
+for shape in [(), (4,), (2, 3)]:
+    case("erf", rnp.erf, erf_ref, In(shape, F64))
+case("erf", rnp.erf, erf_ref, In((2, 3), F32))
+case("erf", rnp.erf, erf_ref, In((2, 3), I32), label="int")
+case("erf", lambda x: rnp.erf(x * 4.0), lambda x: erf_ref(x * 4.0), In((4, 5)),
+     label="every branch")
+case("erf", rnp.erf, erf_ref, In((6,), F64, "special"), grad=False, label="special")
+
+SCAN_AXES = {(4,): [None, 0, -1], (2, 3): [None, 0, 1], (2, 3, 2): [1, -1]}
+for name, op, ref, domain in [("cumsum", rnp.cumsum, np.cumsum, "real"),
+                              ("cumprod", rnp.cumprod, np.cumprod, "away0")]:
+    for shape, axes in SCAN_AXES.items():
+        for axis in axes:
+            case(name, axis_op(op, axis=axis), axis_op(ref, axis=axis), In(shape, F64, domain),
+                 label=f"axis={axis}")
+    for dtype in (F32, I32, I64, BOOL):
+        case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
+    case(name, axis_op(op, axis=0, dtype=np.float64), axis_op(ref, axis=0, dtype=np.float64),
+         In((3, 2), I32), label="dtype")
+    case(name, op, ref, In((), F64, domain), label="0d")
+case("cumprod", axis_op(rnp.cumprod, axis=1), axis_op(np.cumprod, axis=1), In((4, 5), F64, "int"),
+     label="zeros")  # multilinear: central differences are exact at the zeros too
+case("cumsum", lambda x: x - rnp.cumsum(x, 0), lambda x: x - np.cumsum(x, 0), In((3,), F64),
+     label="reuse")
+
+
+def top_k_ref(x, k):
+    """Largest first; equal values in index order; NaN largest (as jax.lax.top_k)."""
+    rows = x.reshape(-1, x.shape[-1])
+    order = [sorted(range(x.shape[-1]), key=lambda i, r=r: (not np.isnan(r[i]),
+                                                            -float(r[i]) if r[i] == r[i] else 0,
+                                                            i))[:k] for r in rows]
+    idx = np.array(order, np.int64).reshape(x.shape[:-1] + (k,))
+    return np.take_along_axis(x, idx, -1), idx
+
+
+SORT = [((5,), -1), ((3, 4), -1), ((3, 4), 0), ((2, 3, 2), 1), ((3, 4), None)]
+for shape, axis in SORT:
+    case("sort", lambda x, a=axis: rnp.sort(x, axis=a),
+         lambda x, a=axis: np.sort(x, axis=a, kind="stable"), In(shape), label=f"axis={axis}")
+    case("argsort", lambda x, a=axis: rnp.argsort(x, axis=a),
+         lambda x, a=axis: np.argsort(x, axis=a, kind="stable"), In(shape, F64, "int"),
+         label=f"ties,axis={axis}")
+for dtype, domain in [(F32, "real"), (I32, "int"), (BOOL, "real"), (F64, "special"),
+                      (F64, "int")]:
+    case("sort+argsort", lambda x: (rnp.sort(x), rnp.argsort(x, 0)),
+         lambda x: (np.sort(x, kind="stable"), np.argsort(x, 0, kind="stable")),
+         In((4, 6), dtype, domain), grad=False, label="ties")
+case("sort+argsort", lambda x: (rnp.sort(x * 0.0), rnp.argsort(x * 0.0)),
+     lambda x: (np.sort(x * 0.0, kind="stable"), np.argsort(x * 0.0, kind="stable")),
+     In((8,), F64, "int"), label="signed zeros are equal")
+case("sort", lambda x: rnp.sort(x)[..., -1] - rnp.sort(x, 0)[0], lambda x: np.sort(x)[..., -1]
+     - np.sort(x, 0)[0], In((3, 3)), label="max-min")
+for shape, k in [((6,), 3), ((3, 5), 1), ((3, 5), 5), ((2, 2, 4), 2), ((4,), 0)]:
+    case("top_k", lambda x, k=k: rnp.top_k(x, k), lambda x, k=k: top_k_ref(x, k), In(shape),
+         label=f"k={k}")
+    case("top_k", lambda x, k=k: rnp.top_k(x, k)[0], lambda x, k=k: top_k_ref(x, k)[0],
+         In(shape), label=f"values,k={k}")
+for dtype, domain in [(F32, "real"), (I32, "int"), (BOOL, "real"), (F64, "special"),
+                      (F64, "int")]:
+    case("top_k", lambda x: rnp.top_k(x, 4), lambda x: top_k_ref(x, 4), In((3, 6), dtype, domain),
+         label="ties")
+case("top_k", lambda x: rnp.top_k(x * 0.0, 5), lambda x: top_k_ref(x * 0.0, 5),
+     In((8,), F64, "int"), label="signed zeros are equal")
+
+REARRANGE = [
+    ("flip", lambda x: rnp.flip(x), lambda x: np.flip(x), [(2, 3)]),
+    ("flip", lambda x: rnp.flip(x, 1), lambda x: np.flip(x, 1), [(2, 3, 2)]),
+    ("flip", lambda x: rnp.flip(x, (0, -1)), lambda x: np.flip(x, (0, -1)), [(2, 3, 2)]),
+    ("flip", lambda x: rnp.flip(x), lambda x: np.flip(x), [()]),
+    ("roll", lambda x: rnp.roll(x, 2), lambda x: np.roll(x, 2), [(2, 3)]),
+    ("roll", lambda x: rnp.roll(x, -1, 1), lambda x: np.roll(x, -1, 1), [(2, 3)]),
+    ("roll", lambda x: rnp.roll(x, 7, 0), lambda x: np.roll(x, 7, 0), [(3, 2)]),
+    ("roll", lambda x: rnp.roll(x, (1, 2), (0, 1)), lambda x: np.roll(x, (1, 2), (0, 1)),
+     [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, (1, 1), (1, -2)), lambda x: np.roll(x, (1, 1), (1, -2)),
+     [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, 1, (0, 2)), lambda x: np.roll(x, 1, (0, 2)), [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, 3, 0), lambda x: np.roll(x, 3, 0), [(3,)]),
+    ("repeat", lambda x: rnp.repeat(x, 2), lambda x: np.repeat(x, 2), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 3, 1), lambda x: np.repeat(x, 3, 1), [(2, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, 2, -1), lambda x: np.repeat(x, 2, -1), [(2, 1, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, [1, 0, 2], 0), lambda x: np.repeat(x, [1, 0, 2], 0),
+     [(3, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, [2], 1), lambda x: np.repeat(x, [2], 1), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 0, 0), lambda x: np.repeat(x, 0, 0), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 3), lambda x: np.repeat(x, 3), [()]),
+    ("tile", lambda x: rnp.tile(x, 2), lambda x: np.tile(x, 2), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (2, 1)), lambda x: np.tile(x, (2, 1)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (2, 1, 3)), lambda x: np.tile(x, (2, 1, 3)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (3, 2)), lambda x: np.tile(x, (3, 2)), [(2, 1, 2)]),
+    ("tile", lambda x: rnp.tile(x, (1, 1)), lambda x: np.tile(x, (1, 1)), [(3,)]),
+    ("tile", lambda x: rnp.tile(x, (2, 0)), lambda x: np.tile(x, (2, 0)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, 3), lambda x: np.tile(x, 3), [()]),
+]
+for name, fn, ref, shapes in REARRANGE:
+    case(name, fn, ref, *[In(s) for s in shapes])
+for dtype in (F32, I32, BOOL):
+    case("flip+roll+repeat+tile", lambda x: (rnp.flip(x, 0), rnp.roll(x, 1, 1),
+                                             rnp.repeat(x, 2, 0), rnp.tile(x, (1, 2))),
+         lambda x: (np.flip(x, 0), np.roll(x, 1, 1), np.repeat(x, 2, 0), np.tile(x, (1, 2))),
+         In((2, 3), dtype), label="dtypes")
+
+
+def conv_transpose2d_ref(x, w, stride=1, padding=0, output_padding=0, dilation=1):
+    """The transposed convolution by its definition: every input pixel scatters its kernel."""
+    (sh, sw), (ph, pw), (eh, ew), (dh, dw) = (pair(stride), pair(padding),
+                                              pair(output_padding), pair(dilation))
+    n, c, h, wd = x.shape
+    _, o, kh, kw = w.shape
+    full = np.zeros((n, o, (h - 1) * sh + dh * (kh - 1) + 1 + eh,
+                     (wd - 1) * sw + dw * (kw - 1) + 1 + ew), np.result_type(x, w))
+    for i, j, a, b in itertools.product(range(h), range(wd), range(kh), range(kw)):
+        full[:, :, i * sh + a * dh, j * sw + b * dw] += x[:, :, i, j] @ w[:, :, a, b]
+    return full[:, :, ph:full.shape[2] - ph, pw:full.shape[3] - pw]
+
+
+CONV_T = [((1, 1, 3, 3), (1, 1, 2, 2), {}), ((2, 2, 3, 3), (2, 3, 3, 3), {"stride": 2}),
+          ((1, 2, 3, 4), (2, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+          ((1, 1, 3, 2), (1, 2, 2, 3), {"stride": (3, 1), "padding": (1, 0)}),
+          ((1, 1, 3, 3), (1, 1, 3, 2), {"dilation": 2, "stride": 2, "output_padding": (1, 0)}),
+          ((1, 3, 2, 2), (3, 1, 1, 1), {"stride": 3, "output_padding": 2}),
+          ((1, 1, 2, 2), (1, 1, 5, 5), {"stride": 2, "padding": 2})]
+for xs_, ws_, kw in CONV_T:
+    label = ",".join(f"{k}={v}" for k, v in kw.items()) or "plain"
+    case("conv_transpose2d", lambda x, w, kw=kw: rnp.conv_transpose2d(x, w, **kw),
+         lambda x, w, kw=kw: conv_transpose2d_ref(x, w, **kw), In(xs_), In(ws_), label=label)
+case("conv_transpose2d", lambda x, w: rnp.conv_transpose2d(x, w, stride=2, padding=1),
+     lambda x, w: conv_transpose2d_ref(x, w, stride=2, padding=1), In((1, 2, 3, 3), F32),
+     In((2, 2, 3, 3), F32), label="float32")
+
 
 def differentiable(c: Case) -> bool:
     """Float64 inputs, floating-point outputs, and not excluded by the case."""
@@ -733,7 +913,8 @@ GRAD_OF_GRAD = {"exp", "log", "tanh", "sigmoid", "softplus", "sin", "cos", "sqrt
                 "multiply", "divide", "power", "matmul", "einsum", "logsumexp", "var", "std",
                 "prod", "getitem", "take", "where", "conv2d", "max_pool2d", "avg_pool2d",
                 "concatenate", "pad", "maximum", "reciprocal", "abs", "expm1", "log1p",
-                "broadcast_to", "mean", "max"}
+                "broadcast_to", "mean", "max", "erf", "mod", "cumsum", "cumprod", "sort",
+                "top_k", "flip", "roll", "repeat", "tile", "conv_transpose2d"}
 
 
 def _pick_gg():
@@ -793,7 +974,8 @@ def test_every_differentiable_op_has_a_gradient_case():
     not_differentiable = {"argmax", "argmin", "equal", "not_equal", "less", "less_equal",
                           "greater", "greater_equal", "logical_and", "logical_or", "logical_not",
                           "isfinite", "floor_divide", "one_hot", "stop_gradient", "arange", "eye",
-                          "zeros", "ones", "full", "asarray", "array", "as_array", "astype"}
+                          "zeros", "ones", "full", "asarray", "array", "as_array", "astype",
+                          "argsort"}
     public = {n for n in rnp.__all__ if callable(getattr(rnp, n))
               and not isinstance(getattr(rnp, n), type)}
     with_grad = {part for c in GRAD_CASES for part in c.op.split("+")}
@@ -814,6 +996,116 @@ def test_prod_gradient_with_zeros(mode, axis):
                               1e-3)[0]
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cumprod_gradient_with_zeros(mode, axis):
+    # rows with no zero, a zero first, in the middle, last, and two zeros; cumprod is multilinear,
+    # so central differences are exact
+    x = np.array([[1.5, -2.0, 0.5, 3.0], [0.0, 2.0, -1.0, 0.5], [2.0, 0.5, 0.0, -3.0],
+                  [1.0, 2.0, -0.5, 0.0], [0.0, 2.0, 0.0, 4.0]])
+    x = x if axis == 1 else x.T.copy()
+    cot = np.random.default_rng(0).standard_normal(x.shape)
+    got = rp.function(lambda v: rp.grad(rnp.sum(rnp.cumprod(v, axis) * cot), v), mode=mode)(x)
+    want = finite_differences(lambda v: float(np.sum(np.cumprod(v[0], axis) * cot)), [x], [0],
+                              1e-3)[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_erf_reference_is_float64_accurate():
+    """The NumPy reference (fdlibm's algorithm) against ``math.erf``, over every branch: within
+    one unit in the last place."""
+    from replicate.graph.reference import IMPL
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(-7.0, 7.0, 20001), rng.standard_normal(5000) * 3.0,
+                        np.logspace(-310, 0.5, 2000), -np.logspace(-30, 0.9, 500),
+                        [0.84375, np.nextafter(0.84375, 0), 1.25, np.nextafter(1.25, 0), 6.0,
+                         1 / 0.35, 2.0 ** -28, 5e-324, 28.0, 1e300]])
+    want = np.array([math.erf(v) for v in x])
+    got = IMPL["erf"](x)
+    ulps = np.abs(got - want) / np.spacing(np.abs(want))
+    assert ulps.max() <= 1.0
+    special = IMPL["erf"](np.array([np.nan, np.inf, -np.inf, -0.0]))
+    assert np.isnan(special[0]) and special[1:3].tolist() == [1.0, -1.0]
+    assert special[3] == 0.0 and np.signbit(special[3])
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_round_halves_to_even_and_mod_takes_the_divisor_sign(mode):
+    def f(x, a, b, i, j):
+        return rnp.round(x), rnp.mod(a, b), a % b, i % j, rnp.mod(i, 0), rp.grad(
+            rnp.sum(rnp.round(x) + rnp.floor(x) + rnp.ceil(x)), x)
+
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999999999999994])
+    a, b = np.array([7.0, -7.0, 7.0, -7.0, -0.5]), np.array([3.0, 3.0, -3.0, -3.0, 2.0])
+    i, j = np.array([7, -7, 7, -7]), np.array([3, 3, -3, -3])
+    with np.errstate(divide="ignore"):
+        r, m, op, im, zero, g = rp.function(f, mode=mode)(x, a, b, i, j)
+    assert r.tolist() == [0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 0.0]
+    assert m.tolist() == op.tolist() == [1.0, 2.0, -2.0, -1.0, 1.5]
+    assert im.tolist() == [1, 2, -2, -1] and zero.tolist() == [0, 0, 0, 0]
+    assert g.tolist() == [0.0] * 7
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("decimals", [1, 2, 3, -1, -2])
+def test_round_with_decimals(mode, dtype, decimals):
+    """NumPy's formula, in the input's dtype: the same values, bit for bit, and zero gradient."""
+    x = (np.random.default_rng(decimals + 5).standard_normal(50) * 300.0).astype(dtype)
+    got, g = rp.function(lambda v: (rnp.round(v, decimals),
+                                    rp.grad(rnp.sum(rnp.round(v, decimals)), v)), mode=mode)(x)
+    assert got.dtype == dtype and got.tobytes() == np.round(x, decimals).tobytes()
+    assert not g.any()
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_mod_on_a_variable_and_its_gradient(mode):
+    w = rp.Variable(np.array([5.5, -5.5, 2.0]))
+
+    def f(b):
+        return w % b, 10.0 % w, rp.grad(rnp.sum(w % b), [w, b])
+
+    m, r, (gw, gb) = rp.function(f, mode=mode)(np.array([2.0, 2.0, -3.0]))
+    np.testing.assert_array_equal(m, [1.5, 0.5, -1.0])
+    np.testing.assert_array_equal(r, np.mod(10.0, [5.5, -5.5, 2.0]))
+    np.testing.assert_array_equal(gw, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(gb, -np.floor(np.array([5.5, -5.5, 2.0]) / [2.0, 2.0, -3.0]))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_sort_and_top_k_gradients_go_to_the_selected_entries(mode):
+    x = np.array([[0.3, -1.0, 2.0, 0.7], [1.0, 1.0, -0.5, 4.0]])  # a tie in row 1
+    cot = np.array([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]])
+
+    def f(v):
+        return (rp.grad(rnp.sum(rnp.sort(v) * cot), v),
+                rp.grad(rnp.sum(rnp.top_k(v, 2)[0] * cot[:, :2]), v))
+
+    g_sort, g_top = rp.function(f, mode=mode)(x)
+    np.testing.assert_array_equal(g_sort, [[2.0, 1.0, 4.0, 3.0], [20.0, 30.0, 10.0, 40.0]])
+    np.testing.assert_array_equal(g_top, [[0.0, 0.0, 1.0, 2.0], [20.0, 0.0, 0.0, 10.0]])
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_conv_transpose2d_is_the_gradient_of_conv2d(mode):
+    """conv_transpose2d(y, w) is the transpose of x -> conv2d(x, w) (padding and stride alike):
+    <conv2d(x, w), y> = <x, conv_transpose2d(y, w)>."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 2))
+    kw = dict(stride=2, padding=1, dilation=(1, 2))
+
+    def f(x, w, y):
+        return rp.grad(rnp.sum(rnp.conv2d(x, w, **kw) * y), x), rnp.conv_transpose2d(
+            y, w, output_padding=(0, 1), **kw)
+
+    y = rng.standard_normal(rnp.conv2d(x, w, **kw).shape)
+    g, t = rp.function(f, mode=mode)(x, w, y)
+    assert t.shape == x.shape
+    np.testing.assert_allclose(t, g, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])

@@ -36,6 +36,18 @@ PREAMBLE = """
 template <typename T> __device__ T _floordiv(T a, T b) {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
+template <typename T> __device__ T _imod(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ float _fmod(float a, float b) {
+  float r = fmodf(a, b);
+  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysignf(0.0f, b);
+}
+__device__ double _fmod(double a, double b) {
+  double r = fmod(a, b);
+  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysign(0.0, b);
+}
 """
 
 
@@ -51,6 +63,15 @@ def _div(a, b, t):
     return f"({a} / {b})" if t in ("float", "double", "float16") else f"_floordiv({a}, {b})"
 
 
+def _mod(a, b, t):
+    """NumPy's remainder: the result has the divisor's sign (an integer mod 0 is 0, as NumPy)."""
+    if t in ("float", "double"):
+        return f"_fmod({a}, {b})"
+    if t == "float16":
+        return f"((float16)_fmod((float){a}, (float){b}))"
+    return f"_imod({a}, {b})"
+
+
 def _template(text):
     """A declaration's ``cuda=`` template as a rule: operands {a}, {b}, {c}; result type {t}."""
     def rule(*args, t, **_):
@@ -63,6 +84,7 @@ CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items(
 CUDA.update({  # expressions that depend on the type
     "div": lambda a, b, t, **_: _div(a, b, t),
     "maximum": lambda a, b, t, **_: _max(a, b), "minimum": lambda a, b, t, **_: _min(a, b),
+    "mod": lambda a, b, t, **_: _mod(a, b, t),
 })
 
 

@@ -80,6 +80,24 @@ def _wide_result(*xs) -> dict:
     return {}
 
 
+def _scan(fn):
+    """A cumulative sum/product: float16/bfloat16 accumulate in float32 (one rounding per
+    element, as the reference)."""
+    def run(x, axis, reverse=False):
+        wide = jnp.result_type(x) in (jnp.float16, jnp.bfloat16)
+        return fn(x.astype(jnp.float32) if wide else x, axis=axis, reverse=reverse)
+    return run
+
+
+def _top_k_indices(x, k):
+    """``lax.top_k``'s indices, with -0.0 equal to 0.0 and every NaN largest, as the reference
+    (top_k orders floats totally: -0.0 below 0.0, a NaN with its sign bit set smallest)."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        x = jnp.where(x == 0, jnp.zeros((), x.dtype), jnp.where(jnp.isnan(x), jnp.nan, x))
+    return lax.top_k(x, k)[1]
+
+
 def apply(node, args):
     """Run ``node``'s rule on ``args``, with the result in the node's dtype."""
     return reference.apply(JAX, node, args)
@@ -95,6 +113,10 @@ JAX = reference.table(jnp, "jax", {
     "logistic": jax.nn.sigmoid,
     "stop_gradient": jnp.asarray,  # JAX never differentiates here: the IR has the gradient
     "scatter_add": _scatter_add,
+    "erf": lax.erf,
+    "cumsum": _scan(lax.cumsum),
+    "cumprod": _scan(lax.cumprod),
+    "top_k_indices": _top_k_indices,
     "matmul": lambda a, b: jnp.matmul(a, b, precision=PRECISION, **_wide_result(a, b)),
     "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION,
                                                  **_wide_result(*xs)),

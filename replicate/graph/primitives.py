@@ -2,8 +2,8 @@
 
 A primitive's other concerns live in rule tables keyed by its name, one ``RuleTable`` each:
 
-* shape/dtype rule ......... this module (``Primitive.shape_rule``)
-* CUDA expression .......... this module too (``cuda=``: a C template, for fused kernels)
+* shape/dtype rule ......... ``Primitive.shape_rule``, one of ``graph/shape_rules.py``
+* CUDA expression .......... this module (``cuda=``: a C template, for fused kernels)
 * NumPy reference .......... ``replicate/graph/reference.py`` (``IMPL``; JAX reuses its rows)
 * gradient (VJP) rule ...... ``replicate/graph/vjp_rules.py`` (``VJP``)
 
@@ -22,11 +22,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from ..dtypes import is_float, is_supported
-from ..errors import DTypeError, MissingRuleError, ShapeError
-from .aval import AVal
+from ..dtypes import is_float  # noqa: F401 - autodiff and custom import it from here
+from ..errors import MissingRuleError
+from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported from here too
+    _arg_reduce,
+    _argsort,
+    _binary,
+    _binary_signed,
+    _broadcast_to,
+    _cast,
+    _compare,
+    _concatenate,
+    _const,
+    _einsum,
+    _getitem,
+    _logical,
+    _matmul,
+    _mod,
+    _pad,
+    _random,
+    _reduce,
+    _reduce_nonempty,
+    _reshape,
+    _scan,
+    _scatter_add,
+    _select,
+    _sort,
+    _top_k,
+    _transpose,
+    _unary,
+    _unary_float,
+    _unary_signed,
+    index_tuple,
+    parse_einsum,
+)
 
 ELEMENTWISE, REDUCTION, STRUCTURAL, CONTRACTION, RANDOM, SOURCE, COLLECTIVE, FUSED = (
     "elementwise", "reduction", "structural", "contraction", "random", "source", "collective",
@@ -102,222 +131,6 @@ def get(name: str) -> Primitive:
         raise MissingRuleError(f"no primitive named {name!r}") from None
 
 
-# -- shape rules ------------------------------------------------------------------------------
-FLOATS = ("float16", "bfloat16", "float32", "float64")
-
-
-def _unary(a, **_):
-    return a
-
-
-def _unary_signed(a, **_):
-    if a.dtype == bool:
-        raise DTypeError("neg and sign need numbers, got bool (logical_not negates a bool)")
-    return a
-
-
-def _binary_signed(a, b, **_):
-    if a.dtype == bool or b.dtype == bool:
-        raise DTypeError("cannot subtract bools; use logical_xor (a != b)")
-    return _binary(a, b)
-
-
-def _unary_float(a, **_):
-    if not is_float(a.dtype):
-        raise DTypeError(f"needs a floating-point operand, got {a.dtype}")
-    return a
-
-
-def _broadcast(*avals):
-    first = avals[0].shape
-    if all(a.shape == first for a in avals):
-        return first
-    try:
-        return tuple(np.broadcast_shapes(*[a.shape for a in avals]))
-    except ValueError:
-        raise ShapeError("shapes " + " and ".join(str(a.shape) for a in avals)
-                         + " do not broadcast") from None
-
-
-def _same_dtype(*avals):
-    first = avals[0].dtype
-    if all(a.dtype == first for a in avals):
-        return first
-    dtypes = {np.dtype(a.dtype) for a in avals}
-    if len(dtypes) != 1:
-        raise DTypeError(f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")
-    return avals[0].dtype
-
-
-def _binary(a, b, **_):
-    return AVal(_broadcast(a, b), _same_dtype(a, b))
-
-
-def _compare(a, b, **_):
-    _same_dtype(a, b)
-    return AVal(_broadcast(a, b), np.dtype(bool))
-
-
-def _logical(a, b, **_):
-    if a.dtype != bool or b.dtype != bool:
-        raise DTypeError("logical ops need bool operands")
-    return AVal(_broadcast(a, b), np.dtype(bool))
-
-
-def _select(c, a, b, **_):
-    if c.dtype != bool:
-        raise DTypeError(f"select's condition must be bool, got {c.dtype}")
-    return AVal(_broadcast(c, a, b), _same_dtype(a, b))
-
-
-def _cast(a, dtype):
-    if not is_supported(dtype):
-        raise DTypeError(f"cannot cast to {np.dtype(dtype)}: the dtypes are bool, integers and "
-                         "floats (float16, bfloat16, float32, float64)")
-    return AVal(a.shape, np.dtype(dtype))
-
-
-def _check_axes(a, axes):
-    for ax in axes:
-        if not 0 <= ax < len(a.shape):
-            raise ShapeError(f"axis {ax} out of range for shape {a.shape}")
-    if len(set(axes)) != len(axes):
-        raise ShapeError(f"repeated axis in {axes}")
-
-
-def _reduce(a, axes):
-    _check_axes(a, axes)
-    return AVal(tuple(d for i, d in enumerate(a.shape) if i not in axes), a.dtype)
-
-
-def _reduce_nonempty(a, axes):
-    if any(a.shape[ax] == 0 for ax in axes):
-        raise ShapeError("max/min/argmax/argmin of an empty axis")
-    return _reduce(a, axes)
-
-
-def _arg_reduce(a, axis):
-    out = _reduce_nonempty(a, (axis,))
-    return AVal(out.shape, np.dtype(np.int64))
-
-
-def _reshape(a, shape):
-    if int(np.prod(shape, dtype=np.int64)) != int(np.prod(a.shape, dtype=np.int64)):
-        raise ShapeError(f"cannot reshape {a.shape} to {shape}")
-    return AVal(tuple(shape), a.dtype)
-
-
-def _transpose(a, perm):
-    if sorted(perm) != list(range(len(a.shape))):
-        raise ShapeError(f"bad permutation {perm} for shape {a.shape}")
-    return AVal(tuple(a.shape[p] for p in perm), a.dtype)
-
-
-def _broadcast_to(a, shape):
-    if tuple(np.broadcast_shapes(a.shape, shape)) != tuple(shape):
-        raise ShapeError(f"cannot broadcast {a.shape} to {shape}")
-    return AVal(tuple(shape), a.dtype)
-
-
-def _concatenate(*avals, axis):
-    dtype = _same_dtype(*avals)
-    first = avals[0].shape
-    if not 0 <= axis < len(first):
-        raise ShapeError(f"axis {axis} out of range for shape {first}")
-    for a in avals:
-        if len(a.shape) != len(first) or any(
-                d != e for i, (d, e) in enumerate(zip(a.shape, first)) if i != axis):
-            raise ShapeError(f"cannot concatenate shapes {[x.shape for x in avals]} on axis {axis}")
-    shape = list(first)
-    shape[axis] = sum(a.shape[axis] for a in avals)
-    return AVal(tuple(shape), dtype)
-
-
-def _pad(a, widths, value):
-    if len(widths) != len(a.shape) or any(lo < 0 or hi < 0 for lo, hi in widths):
-        raise ShapeError(f"bad pad widths {widths} for shape {a.shape}")
-    return AVal(tuple(d + lo + hi for d, (lo, hi) in zip(a.shape, widths)), a.dtype)
-
-
-def index_tuple(index, arrays):
-    """Turn a static index spec plus index arrays into a NumPy index tuple."""
-    out = []
-    for entry in index:
-        tag = entry[0]
-        if tag == "int":
-            out.append(entry[1])
-        elif tag == "slice":
-            out.append(slice(*entry[1:]))
-        elif tag == "none":
-            out.append(None)
-        elif tag == "ellipsis":
-            out.append(Ellipsis)
-        else:  # ("array", k)
-            out.append(arrays[entry[1]])
-    return tuple(out)
-
-
-def _dummy(shape, dtype):
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
-
-
-def _getitem(a, *idx, index):
-    for i in idx:
-        if not np.issubdtype(i.dtype, np.integer):
-            raise DTypeError(f"index arrays must be integers, got {i.dtype}")
-    arrays = [np.zeros(i.shape, np.intp) for i in idx]
-    try:
-        shape = _dummy(a.shape, a.dtype)[index_tuple(index, arrays)].shape
-    except IndexError as e:
-        raise ShapeError(str(e)) from None
-    return AVal(tuple(shape), a.dtype)
-
-
-def _scatter_add(g, *idx, index, shape):
-    expect = _getitem(AVal(tuple(shape), g.dtype), *idx, index=index)
-    if expect.shape != g.shape:
-        raise ShapeError(f"scatter_add update {g.shape} does not match {expect.shape}")
-    return AVal(tuple(shape), g.dtype)
-
-
-def _matmul(a, b):
-    if len(a.shape) < 2 or len(b.shape) < 2:
-        raise ShapeError("matmul primitive needs rank >= 2 operands")
-    if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"matmul contraction mismatch: {a.shape} @ {b.shape}")
-    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    return AVal(batch + (a.shape[-2], b.shape[-1]), _same_dtype(a, b))
-
-
-def parse_einsum(subscripts: str):
-    lhs, out = subscripts.replace(" ", "").split("->")
-    return lhs.split(","), out
-
-
-def _einsum(*avals, subscripts):
-    ins, out = parse_einsum(subscripts)
-    if len(ins) != len(avals):
-        raise ShapeError(f"einsum {subscripts!r} expects {len(ins)} operands, got {len(avals)}")
-    sizes: dict = {}
-    for term, a in zip(ins, avals):
-        if len(term) != len(a.shape):
-            raise ShapeError(f"einsum term {term!r} does not match shape {a.shape}")
-        for letter, d in zip(term, a.shape):
-            if sizes.setdefault(letter, d) != d:
-                raise ShapeError(f"einsum index {letter!r} has sizes {sizes[letter]} and {d}")
-    return AVal(tuple(sizes[c] for c in out), _same_dtype(*avals))
-
-
-def _random(key, shape, dtype, stream=0):
-    if key.shape != (2,) or key.dtype != np.uint32:
-        raise ShapeError(f"a random key is uint32[2], got {key}")
-    return AVal(tuple(shape), np.dtype(dtype))
-
-
-def _const(*, value):
-    return AVal(tuple(value.shape), value.dtype)
-
-
 # -- the declarations ---------------------------------------------------------------------------
 # ``cuda``: the expression of one element in a generated kernel; {a}, {b}, {c} are the operands,
 # {t} the C type of the result. Ops whose expression depends on the type are written in
@@ -343,6 +156,11 @@ declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative:
         cuda="(({t})(({a} > 0) - ({a} < 0)))")
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")
 declare("cast", ELEMENTWISE, _cast, cuda="(({t}){a})")
+# floats only (the wrappers return integers as they are); derivative 0 almost everywhere
+for _name, _c in (("floor", "floor({a})"), ("ceil", "ceil({a})"), ("round", "rint({a})")):
+    declare(_name, ELEMENTWISE, _unary_float, differentiable=False, cuda=_c)  # rint: half to even
+declare("erf", ELEMENTWISE, _unary_float, cuda="erf({a})")
+declare("mod", ELEMENTWISE, _mod)  # NumPy's remainder: the divisor's sign (CUDA: cuda_codegen)
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, view=True, cuda="{a}")
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
@@ -353,6 +171,11 @@ for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
             else _reduce, fuse="reduce")
 declare("argmax", REDUCTION, _arg_reduce, differentiable=False)
 declare("argmin", REDUCTION, _arg_reduce, differentiable=False)
+declare("cumsum", REDUCTION, _scan)  # scans: attrs axis (and reverse, for cumsum); not fused
+declare("cumprod", REDUCTION, _scan)
+declare("sort", STRUCTURAL, _sort)  # stable, NaNs last (as NumPy's kind="stable")
+declare("argsort", STRUCTURAL, _argsort, differentiable=False)
+declare("top_k_indices", STRUCTURAL, _top_k, differentiable=False)  # descending, ties: lower first
 
 declare("reshape", STRUCTURAL, _reshape, view=True)
 declare("transpose", STRUCTURAL, _transpose, view=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION
 from .primitives import RuleTable, index_tuple, parse_einsum
+from .special import erf as _erf_np
 
 
 def _same(fn):
@@ -119,6 +120,23 @@ def _einsum_path(subscripts, *shapes):
     return np.einsum_path(subscripts, *dummies, optimize="greedy")[0]
 
 
+def _cumsum(xp):
+    def cumsum(x, axis, reverse=False):
+        if reverse:
+            return xp.flip(xp.cumsum(xp.flip(x, axis), axis=axis), axis)
+        return xp.cumsum(x, axis=axis)
+    return cumsum
+
+
+def _top_k_np(x, k):
+    """The indices of the k largest entries along the last axis, largest first, equal entries in
+    index order, NaNs largest (as ``jax.lax.top_k``): a stable sort of the reversed axis, read
+    backwards."""
+    n = x.shape[-1]
+    order = np.argsort(np.flip(x, -1), axis=-1, kind="stable")
+    return np.flip(n - 1 - order, -1)[..., :k]
+
+
 def _local_reduce(*xs, op):
     """The in-process combine of the k local replicas' values, in replica order."""
     out = xs[0]
@@ -134,6 +152,8 @@ ROWS = {
     "sqrt": _same("sqrt"), "rsqrt": lambda xp: lambda x: 1.0 / xp.sqrt(x),
     "tanh": _same("tanh"), "logistic": lambda xp: _logistic_np, "sin": _same("sin"),
     "cos": _same("cos"),
+    "floor": _same("floor"), "ceil": _same("ceil"), "round": _same("rint"),  # half to even
+    "erf": lambda xp: _erf_np, "mod": _same("remainder"),
     "add": _same("add"), "sub": _same("subtract"), "mul": _same("multiply"), "div": _div,
     "pow": _same("power"), "maximum": _same("maximum"), "minimum": _same("minimum"),
     "eq": _same("equal"), "ne": _same("not_equal"), "lt": _same("less"),
@@ -150,6 +170,11 @@ ROWS = {
     "reduce_min": lambda xp: lambda x, axes: xp.min(x, axis=axes),
     "argmax": lambda xp: lambda x, axis: xp.argmax(x, axis=axis),
     "argmin": lambda xp: lambda x, axis: xp.argmin(x, axis=axis),
+    "cumsum": _cumsum,
+    "cumprod": lambda xp: lambda x, axis: xp.cumprod(x, axis=axis),
+    "sort": lambda xp: lambda x, axis: xp.sort(x, axis=axis, stable=True),
+    "argsort": lambda xp: lambda x, axis: xp.argsort(x, axis=axis, stable=True),
+    "top_k_indices": lambda xp: _top_k_np,
     "reshape": lambda xp: lambda x, shape: xp.reshape(x, shape),
     "transpose": lambda xp: lambda x, perm: xp.transpose(x, perm),
     "broadcast_to": lambda xp: lambda x, shape: xp.broadcast_to(x, shape),

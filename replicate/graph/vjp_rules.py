@@ -8,11 +8,13 @@ traced like any other code, and they are differentiable themselves.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import numpy as rnp
 from .collectives import bind_collective
-from .core import bind
+from .core import bind, concrete
 from .primitives import RuleTable, parse_einsum
 
 
@@ -53,6 +55,33 @@ def _reduce_prod(g, out, needs, x, axes):
     zeros = rnp.sum(zero, axis=axes, keepdims=True)
     others = rnp.where(zeros == 0, rest / nonzero, rnp.where(zero & (zeros == 1), rest, 0.0))
     return (rnp.reshape(g, keep) * others,)
+
+
+def _cumprod(g, out, needs, x, axis):
+    # d out_j / d x_i (j >= i) is the product of x_0..x_j but x_i. Before the first zero z of
+    # the row that is out_j / x_i, and out_j = 0 from z on: sum_{j>=i} g_j out_j / x_i. At z it
+    # is the running product with x_z read as 1; after z every such product holds x_z = 0.
+    def rest(v):  # sum over j >= i
+        return bind("cumsum", v, axis=axis, reverse=True)
+
+    zero = rnp.equal(x, 0)
+    seen = bind("cumsum", rnp.cast(zero, np.int64), axis=axis, reverse=False)
+    before, first = seen == 0, zero & (seen == 1)
+    at_first = rest(g * bind("cumprod", rnp.where(first, 1, x), axis=axis))
+    return (rnp.where(before, rest(g * out) / rnp.where(before, x, 1),
+                      rnp.where(first, at_first, 0.0)),)
+
+
+def _sort(g, out, needs, x, axis):
+    # each sorted value's cotangent goes back to the entry it came from (the stable order's)
+    key = []
+    for i, n in enumerate(x.shape):
+        if i == axis:
+            key.append(rnp.argsort(x, axis=axis))
+        else:
+            key.append(concrete(np.arange(n).reshape([n if j == i else 1 for j in range(x.ndim)])))
+    return (bind("scatter_add", g, *key, index=tuple(("array", i) for i in range(x.ndim)),
+                 shape=x.shape),)
 
 
 def _binary(fa, fb):
@@ -187,10 +216,14 @@ VJP = RuleTable("vjp", {
     "logistic": _unary(lambda g, out, x: g * out * (1.0 - out)),
     "sin": _unary(lambda g, out, x: g * rnp.cos(x)),
     "cos": _unary(lambda g, out, x: -g * rnp.sin(x)),
+    "erf": _unary(lambda g, out, x: g * (2.0 / math.sqrt(math.pi)) * rnp.exp(-(x * x))),
     "add": _binary(lambda g, o, a, b: g, lambda g, o, a, b: g),
     "sub": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g),
     "mul": _binary(lambda g, o, a, b: g * b, lambda g, o, a, b: g * a),
     "div": _binary(lambda g, o, a, b: g / b, lambda g, o, a, b: -g * o / b),
+    # mod = a - b q with q = floor(a / b), read back from the result (exact where a / b rounds
+    # onto an integer that the quotient is not)
+    "mod": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g * rnp.round((a - o) / b)),
     "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
     "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),
                        lambda g, o, a, b: g * rnp.cast(a < b, g.dtype)),
@@ -202,6 +235,10 @@ VJP = RuleTable("vjp", {
     "reduce_max": _reduce_extremum,
     "reduce_min": _reduce_extremum,
     "reduce_prod": _reduce_prod,
+    "cumsum": lambda g, out, needs, x, axis, reverse: (
+        bind("cumsum", g, axis=axis, reverse=not reverse),),
+    "cumprod": _cumprod,
+    "sort": _sort,
     "reshape": lambda g, out, needs, x, shape: (rnp.reshape(g, x.shape),),
     "transpose": lambda g, out, needs, x, perm: (rnp.transpose(g, tuple(np.argsort(perm))),),
     "broadcast_to": lambda g, out, needs, x, shape: (unbroadcast(g, x.shape),),

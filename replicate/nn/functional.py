@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import numpy as rnp
+from ..dtypes import is_float
 from ..errors import ReplicateError
 from ..numpy._base import wide_operand
 
@@ -17,15 +20,91 @@ def leaky_relu(x, negative_slope=0.01):
     return rnp.where(rnp.as_array(x) > 0, x, rnp.multiply(x, negative_slope))
 
 
-def gelu(x):
-    """GELU, tanh approximation (as in BERT/GPT-2)."""
+def gelu(x, approximate=True):
+    """GELU: ``x * Phi(x)``, Phi the standard normal distribution function.
+
+    ``approximate=True`` (the default; also ``"tanh"``): the tanh approximation of BERT and
+    GPT-2, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))``. ``approximate=False`` (also
+    ``"none"``, PyTorch's default): exact, ``0.5 x (1 + erf(x / sqrt(2)))``.
+
+    >>> import replicate.numpy as rnp
+    >>> [round(v, 6) for v in gelu(rnp.asarray([1.0, -1.0]), approximate=False).tolist()]
+    [0.841345, -0.158655]
+    """
     x = rnp.as_array(x)
+    if approximate in (False, "none"):
+        return 0.5 * x * (1.0 + rnp.erf(x * math.sqrt(0.5)))  # Python floats: weak
+    if approximate not in (True, "tanh"):
+        raise ReplicateError(f"gelu: approximate is True/'tanh' or False/'none', got "
+                             f"{approximate!r}")
     c = float(np.sqrt(2.0 / np.pi))  # a Python float is weak: float32 stays float32
     return 0.5 * x * (1.0 + rnp.tanh(c * (x + 0.044715 * x * x * x)))
 
 
 tanh = rnp.tanh
 sigmoid = rnp.sigmoid
+
+
+def _scales(scale_factor):
+    scales = (scale_factor,) * 2 if np.isscalar(scale_factor) else tuple(scale_factor)
+    if len(scales) != 2 or not all(float(s) > 0 for s in scales):
+        raise ReplicateError(f"upsample: scale_factor is a positive number or a pair, got "
+                             f"{scale_factor!r}")
+    return [float(s) for s in scales]
+
+
+def _nearest(x, axis, scale):
+    """PyTorch's nearest source index ``min(floor(dst * float32(1 / scale)), n - 1)``."""
+    n = x.shape[axis]
+    size = int(math.floor(n * scale))
+    if size == n * round(scale) and (size in (n, 2 * n) or np.array_equal(
+            _nearest_index(n, size, scale), np.arange(size) // round(scale))):
+        return rnp.repeat(x, round(scale), axis)  # an integer factor: a broadcast
+    return rnp.take(x, _nearest_index(n, size, scale), axis)
+
+
+def _nearest_index(n, size, scale):
+    step = np.float32(1.0 / scale)
+    return np.minimum(np.floor(np.arange(size, dtype=np.float32) * step).astype(np.int64), n - 1)
+
+
+def _linear(x, axis, scale):
+    """PyTorch's linear interpolation (align_corners=False) along one axis: source position
+    ``(dst + 0.5) / scale - 0.5``, clamped at 0; the two neighbours gathered and weighted."""
+    n = x.shape[axis]
+    size = int(math.floor(n * scale))
+    src = np.maximum((np.arange(size) + 0.5) / scale - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    hi = lo + (lo < n - 1)
+    frac = np.clip(src - lo, 0.0, 1.0)
+    shape = [1] * x.ndim
+    shape[axis] = size
+    weight = lambda w: rnp.asarray(w.reshape(shape).astype(x.dtype))  # noqa: E731
+    return rnp.take(x, lo, axis) * weight(1.0 - frac) + rnp.take(x, hi, axis) * weight(frac)
+
+
+def upsample(x, scale_factor, mode="nearest"):
+    """Upsample an NCHW batch by ``scale_factor`` (a number or an (h, w) pair), as
+    ``torch.nn.functional.interpolate(x, scale_factor=..., mode=...)``: the output is
+    ``floor(H * scale)`` by ``floor(W * scale)``. ``mode="nearest"``: PyTorch's source pixel
+    (a broadcast for an integer factor, else a gather); ``"bilinear"``: PyTorch's
+    ``align_corners=False`` weights, two gathers and a weighted sum per axis. A composition, so
+    the gradient flows back to the source pixels.
+
+    >>> import replicate.numpy as rnp
+    >>> upsample(rnp.asarray([[[[1.0, 2.0]]]]), 2, "bilinear").tolist()
+    [[[[1.0, 1.25, 1.75, 2.0], [1.0, 1.25, 1.75, 2.0]]]]
+    """
+    x = rnp.as_array(x)
+    if x.ndim != 4:
+        raise ReplicateError(f"upsample: expected an NCHW input, got shape {x.shape}")
+    if mode not in ("nearest", "bilinear"):
+        raise ReplicateError(f"upsample: mode is 'nearest' or 'bilinear', got {mode!r}")
+    if mode == "bilinear" and not is_float(x.dtype):
+        raise ReplicateError(f"upsample: bilinear needs a float input, got {x.dtype}")
+    step = _nearest if mode == "nearest" else _linear
+    sh, sw = _scales(scale_factor)
+    return step(step(x, 2, sh), 3, sw)
 
 
 def log_softmax(x, axis=-1):

@@ -1,4 +1,5 @@
-"""Layers: Linear, Conv2d, Embedding, LayerNorm, BatchNorm (optionally cross-replica), Dropout."""
+"""Layers: Linear, Conv2d, ConvTranspose2d, Upsample, Embedding, LayerNorm, BatchNorm (optionally
+cross-replica), Dropout, Flatten."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..context import num_replicas
 from ..errors import ReplicateError
 from ..state import Variable
 from . import init
+from .functional import upsample
 from .module import Module
 
 
@@ -48,6 +50,52 @@ class Conv2d(Module):
         if self.bias is not None:
             y = y + rnp.reshape(self.bias.read(), (1, -1, 1, 1))
         return y
+
+
+class ConvTranspose2d(Module):
+    """Transposed 2-D convolution on NCHW inputs, as ``torch.nn.ConvTranspose2d`` (one group):
+    weights of shape (in, out, kH, kW), ``rnp.conv_transpose2d`` and a bias per output channel.
+
+    >>> import numpy as np, replicate as rp
+    >>> rp.nn.ConvTranspose2d(3, 2, 4, stride=2, padding=1)(np.ones((1, 3, 5, 5), np.float32)).shape
+    (1, 2, 10, 10)
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 output_padding=0, bias=True, dilation=1, *, init_fn=init.he_normal, rng=None,
+                 dtype=np.float32):
+        super().__init__()
+        kh, kw = (kernel_size, kernel_size) if np.isscalar(kernel_size) else kernel_size
+        # (in, out, kh, kw): the fan-in the initialiser reads is out * kh * kw, as PyTorch's
+        self.weight = Variable(init_fn((in_channels, out_channels, kh, kw), rng=rng, dtype=dtype))
+        self.bias = Variable(np.zeros(out_channels, dtype)) if bias else None
+        self.stride, self.padding, self.output_padding = stride, padding, output_padding
+        self.dilation = dilation
+
+    def forward(self, x):
+        y = rnp.conv_transpose2d(x, self.weight, self.stride, self.padding, self.output_padding,
+                                 self.dilation)
+        if self.bias is not None:
+            y = y + rnp.reshape(self.bias.read(), (1, -1, 1, 1))
+        return y
+
+
+class Upsample(Module):
+    """Upsample NCHW inputs by ``scale_factor`` (a number or an (h, w) pair), ``mode``
+    ``"nearest"`` or ``"bilinear"`` (``align_corners=False``), as ``torch.nn.Upsample``; no
+    parameters (``rp.nn.functional.upsample``).
+
+    >>> import numpy as np, replicate as rp
+    >>> rp.nn.Upsample(2, mode="bilinear")(np.ones((1, 3, 4, 5), np.float32)).shape
+    (1, 3, 8, 10)
+    """
+
+    def __init__(self, scale_factor, mode="nearest"):
+        super().__init__()
+        self.scale_factor, self.mode = scale_factor, mode
+
+    def forward(self, x):
+        return upsample(x, self.scale_factor, self.mode)
 
 
 class Embedding(Module):

@@ -15,8 +15,22 @@ from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
 from ._base import as_array, cast
 from ._elementwise import *  # noqa: F403  (every op wrapper; its __all__ lists them)
-from ._linalg import avg_pool2d, conv2d, dot, einsum, matmul, max_pool2d
-from ._reductions import argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
+from ._linalg import avg_pool2d, conv2d, conv_transpose2d, dot, einsum, matmul, max_pool2d
+from ._reductions import (
+    argmax,
+    argmin,
+    cumprod,
+    cumsum,
+    logsumexp,
+    max,
+    mean,
+    min,
+    prod,
+    std,
+    sum,
+    var,
+)
+from ._reorder import argsort, flip, repeat, roll, sort, tile, top_k
 from ._shape import (
     arange,
     array,
@@ -54,14 +68,15 @@ pi, inf, nan = _np.pi, _np.inf, _np.nan
 def _install_operators(cls):
     """Give ``cls`` (Array, Variable) NumPy's operators, each a call into this namespace."""
 
-    def flip(fn):
+    def swap(fn):
         return lambda self, other: fn(other, self)
 
     ops = {
         "__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
-        "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide,
-        "__radd__": flip(add), "__rsub__": flip(subtract), "__rmul__": flip(multiply),
-        "__rtruediv__": flip(divide), "__rpow__": flip(power), "__rmatmul__": flip(matmul),
+        "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide, "__mod__": mod,
+        "__radd__": swap(add), "__rsub__": swap(subtract), "__rmul__": swap(multiply),
+        "__rtruediv__": swap(divide), "__rpow__": swap(power), "__rmatmul__": swap(matmul),
+        "__rmod__": swap(mod), "__rfloordiv__": swap(floor_divide),
         "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
         "__eq__": equal, "__ne__": not_equal,
         "__and__": logical_and, "__or__": logical_or, "__invert__": logical_not,
@@ -88,6 +103,6 @@ __all__ = [n for n in dir() if not n.startswith("_")]
 _register_op_namespace(
     [n for n in __all__ if callable(globals()[n]) and not isinstance(globals()[n], type)],
     {_np.add: add, _np.subtract: subtract, _np.multiply: multiply, _np.divide: divide,
-     _np.power: power, _np.matmul: matmul, _np.floor_divide: floor_divide, _np.less: less,
-     _np.less_equal: less_equal, _np.greater: greater, _np.greater_equal: greater_equal,
-     _np.equal: equal, _np.not_equal: not_equal})
+     _np.power: power, _np.matmul: matmul, _np.floor_divide: floor_divide, _np.remainder: mod,
+     _np.less: less, _np.less_equal: less_equal, _np.greater: greater,
+     _np.greater_equal: greater_equal, _np.equal: equal, _np.not_equal: not_equal})

@@ -41,6 +41,14 @@ tanh = _unary("tanh", True)
 sigmoid = _unary("logistic", True)
 sin = _unary("sin", True)
 cos = _unary("cos", True)
+erf = _unary("erf", True)
+erf.__doc__ = """The error function, elementwise (a primitive: NumPy has none, so the reference is
+fdlibm's algorithm, ``replicate/graph/special.py``; JAX ``lax.erf``; CUDA ``erf``).
+
+>>> import replicate.numpy as rnp
+>>> rnp.erf(rnp.asarray([0.0, 1.0, -3.0])).tolist()
+[0.0, 0.8427007929497149, -0.9999779095030014]
+"""
 logical_not = _unary("logical_not", False)
 
 add = _binary("add")
@@ -76,9 +84,73 @@ def power(a, b):
 def floor_divide(a, b):
     a, b = promote(a, b)
     if is_float(a.dtype):
-        raise DTypeError("floor_divide of floats is not a primitive; use rnp.divide (and "
-                         "rnp.floor of the result, when there is one)")
+        raise DTypeError("floor_divide of floats is not a primitive; use rnp.floor(a / b) (or "
+                         "(a - rnp.mod(a, b)) / b, NumPy's own formula)")
     return bind("div", a, b)
+
+
+def mod(a, b):
+    """The remainder of ``a / b`` with the divisor's sign, as NumPy's ``mod`` and ``%`` (and
+    Python's): ``a - b * floor(a / b)``; floats and integers (an integer mod 0 is 0). A primitive.
+
+    Gradient (floats): 1 for ``a``, ``-floor(a / b)`` for ``b`` (the quotient the result was
+    taken with); at the jumps, where ``a / b`` is an integer, it is the right-hand one.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.mod(rnp.asarray([7, -7, 7]), rnp.asarray([3, 3, -3])).tolist()
+    [1, 2, -2]
+    >>> (rnp.asarray([-0.5, 2.5]) % 2.0).tolist()
+    [1.5, 0.5]
+    """
+    a, b = promote(a, b)
+    return bind("mod", a, b)
+
+
+remainder = mod
+
+
+def _rounding(prim, what):
+    def op(x):
+        x = as_array(x)
+        return bind(prim, x) if is_float(x.dtype) else x  # integers and bools are whole already
+
+    op.__name__ = prim
+    op.__doc__ = (f"{what}, elementwise; an integer or bool array comes back as it is (as "
+                  "NumPy 2's floor and ceil do). A primitive; its gradient is zero (the "
+                  "derivative wherever it has one).")
+    return op
+
+
+floor = _rounding("floor", "The largest integer not above x")
+ceil = _rounding("ceil", "The smallest integer not below x")
+_rint = _rounding("round", "x rounded to the nearest integer, halves to the even one")
+
+
+def round(x, decimals=0):  # noqa: A001 - mirrors numpy's name
+    """Round to ``decimals`` places, halves to even, as ``np.round``: the ``round`` primitive
+    (NumPy's ``rint``) for ``decimals=0``; otherwise NumPy's own formula, ``rint(x * 10**d) /
+    10**d`` (``rint(x / 10**-d) * 10**-d`` for negative d), computed in x's dtype. The gradient
+    is zero (the derivative wherever it has one). Integers and bools come back as they are
+    (NumPy makes bools float16; negative ``decimals`` on integers are refused).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.round(rnp.asarray([0.5, 1.5, 2.5, -0.5, 2.675])).tolist()
+    [0.0, 2.0, 2.0, -0.0, 3.0]
+    >>> rnp.round(rnp.asarray([1.2345, 150.0]), 1).tolist()
+    [1.2, 150.0]
+    """
+    x = as_array(x)
+    if not is_float(x.dtype) and decimals >= 0:
+        return x
+    if decimals == 0:
+        return _rint(x)
+    if not is_float(x.dtype):  # NumPy: integer arithmetic, halves to even
+        raise DTypeError("round of an integer array to negative decimals is not supported; "
+                         "cast it to a float first")
+    scale = 10.0 ** decimals if decimals > 0 else 10.0 ** -decimals  # (abs is rnp.abs here)
+    if decimals > 0:
+        return divide(_rint(multiply(x, scale)), scale)
+    return multiply(_rint(divide(x, scale)), scale)
 
 
 def square(x):

@@ -1,4 +1,4 @@
-"""Contractions (matmul, einsum), convolution and pooling.
+"""Contractions (matmul, einsum), convolution (and its transpose) and pooling.
 
 Convolution and pooling are built from primitives (pad, strided slices, einsum, max), so their
 gradients — and gradients of gradients — come from the same rule table as everything else.
@@ -16,7 +16,7 @@ from ._base import as_array, autocast_operands, promote
 from ._elementwise import multiply
 from ._reductions import max as reduce_max
 from ._reductions import mean
-from ._shape import concatenate, expand_dims, pad, reshape, squeeze
+from ._shape import broadcast_to, concatenate, expand_dims, pad, reshape, squeeze, stack
 
 
 def matmul(a, b):
@@ -132,6 +132,60 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
                               _pair(dilation, "dilation"))
     wk = reshape(w, (w.shape[0], w.shape[1], kernel[0] * kernel[1]))
     return einsum("nckhw,ock->nohw", cols, wk)
+
+
+def conv_transpose2d(x, w, stride=1, padding=0, output_padding=0, dilation=1):
+    """Transposed 2-D convolution (the gradient of ``conv2d`` with respect to its input), NCHW
+    input and weights of shape (in, out, kH, kW), as ``torch.nn.functional.conv_transpose2d``
+    (one group): the output is ``(H - 1) * stride - 2 * padding + dilation * (kH - 1) +
+    output_padding + 1`` high (and wide, likewise).
+
+    A composition: one einsum gives every kernel offset's contribution of every input pixel;
+    each contribution lands on one phase of the output grid (row ``h * stride + i * dilation``
+    is phase ``i * dilation % stride``), shifted by a pad; the phases are interleaved by a stack
+    and a reshape, then cropped by ``padding``. No product with inserted zeros: the work is the
+    einsum's, as in PyTorch's GEMM and col2im.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.conv_transpose2d(rnp.ones((1, 1, 2, 2)), rnp.ones((1, 1, 2, 2)), stride=2).tolist()
+    [[[[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]]]
+    """
+    x, w = autocast_operands(*promote(x, w))
+    if w.ndim != 4 or x.ndim != 4 or w.shape[0] != x.shape[1]:
+        raise ReplicateError(f"conv_transpose2d: input {x.shape} (NCHW) and weight {w.shape} "
+                             "(in, out, kH, kW) do not fit")
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    extra, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
+    if 0 in stride or 0 in dilation:
+        raise ReplicateError("stride and dilation must be positive")
+    if any(e >= max(s, d) for e, s, d in zip(extra, stride, dilation)):
+        raise ReplicateError(f"output_padding {extra} must be smaller than the stride {stride} "
+                             f"or the dilation {dilation}")
+    n, c, h, wd = x.shape
+    o, kh, kw = w.shape[1:]
+    size = [(i - 1) * s - 2 * p + d * (k - 1) + e + 1 for i, s, p, d, k, e in
+            zip((h, wd), stride, padding, dilation, (kh, kw), extra)]
+    if min(size) <= 0:
+        raise ReplicateError(f"conv_transpose2d: the output would be {tuple(size)}")
+    (sh, sw), (dh, dw) = stride, dilation
+    cols = einsum("nchw,cok->knohw", x, reshape(w, (c, o, kh * kw)))
+    qh, qw = h + dh * (kh - 1) // sh, wd + dw * (kw - 1) // sw  # each phase's rows, columns
+    phases = {}
+    for i in range(kh):
+        for j in range(kw):
+            (m, a), (q, b) = divmod(i * dh, sh), divmod(j * dw, sw)
+            part = pad(cols[i * kw + j], ((0, 0), (0, 0), (m, qh - h - m), (q, qw - wd - q)))
+            phases[a, b] = part if (a, b) not in phases else phases[a, b] + part
+    zero = broadcast_to(as_array(0, cols.dtype), (n, o, qh, qw))
+    grid = stack([stack([phases.get((a, b), zero) for b in range(sw)], -1) for a in range(sh)],
+                 3)  # (N, O, qh, sh, qw, sw)
+    grid = reshape(grid, (n, o, qh * sh, qw * sw))
+    (ph, pw), (oh, ow) = padding, size
+    grid = grid[:, :, ph:ph + oh, pw:pw + ow]
+    short = (oh - grid.shape[2], ow - grid.shape[3])  # output_padding past the last pixel
+    if any(short):
+        grid = pad(grid, ((0, 0), (0, 0), (0, short[0]), (0, short[1])))
+    return grid
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.core import bind
-from ._base import as_array, cast, float_operand, norm_axes, wide_operand
+from ._base import as_array, cast, float_operand, norm_axes, static_axis, wide_operand
 from ._elementwise import divide, exp, isfinite, log, multiply, sqrt, stop_gradient, subtract, where
 from ._shape import reshape, squeeze
 
@@ -52,6 +52,42 @@ def prod(x, axis=None, keepdims=False, dtype=None):
     [2, 12]
     """
     return _reduce("reduce_prod", _accumulator(x, dtype), axis, keepdims)
+
+
+def _scan(prim, x, axis, dtype, **attrs):
+    x = _accumulator(x, dtype)
+    if axis is None:
+        return bind(prim, reshape(x, (-1,)), axis=0, **attrs)
+    (axis,) = norm_axes(static_axis(axis), x.ndim)
+    return bind(prim, x, axis=axis, **attrs)
+
+
+def cumsum(x, axis=None, dtype=None):
+    """Running sums along ``axis`` (of the flattened array when None), as ``np.cumsum``; bools
+    and small integers add up as 64-bit integers. A primitive (NumPy ``cumsum``, JAX
+    ``lax.cumsum``); its gradient is the running sum of the cotangent from the other end.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.cumsum(rnp.asarray([[1, 2], [3, 4]]), axis=0).tolist()
+    [[1, 2], [4, 6]]
+    """
+    return _scan("cumsum", x, axis, dtype, reverse=False)
+
+
+def cumprod(x, axis=None, dtype=None):
+    """Running products along ``axis`` (of the flattened array when None), as ``np.cumprod``.
+    A primitive (NumPy ``cumprod``, JAX ``lax.cumprod``). Its gradient is exact with zeros in
+    ``x`` too: before a row's first zero it is ``sum_{j>=i} g_j out_j / x_i``, at the first zero
+    the same sum with the zero read as 1, after it 0 (second derivatives through the zeros are
+    not all exact, as for ``prod``; a running product that underflows to 0 with no zero entry
+    loses the terms past it).
+
+    >>> import replicate as rp, replicate.numpy as rnp
+    >>> x = rnp.asarray([2.0, 0.0, 3.0])
+    >>> rnp.cumprod(x).tolist(), rp.grad(rnp.sum(rnp.cumprod(x)), x).tolist()
+    ([2.0, 0.0, 0.0], [1.0, 8.0, 0.0])
+    """
+    return _scan("cumprod", x, axis, dtype)
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001
