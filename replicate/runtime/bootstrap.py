@@ -102,22 +102,29 @@ PREFIX_ENV = "REPLICATE_PREFIX_RANK"  # set by ``replicate.launch --prefix-rank`
 
 
 class _Prefixed:
-    """A text stream that starts every line with ``[rank] ``."""
+    """A text stream that starts every line with ``[rank] ``, writing whole lines only (one
+    write each, so the ranks' lines do not interleave mid-line on a shared pipe; ``print`` writes
+    its pieces one by one)."""
 
     def __init__(self, stream, rank):
-        self._stream, self._prefix, self._at_start = stream, f"[{rank}] ", True
+        self._stream, self._prefix, self._partial = stream, f"[{rank}] ", ""
 
     def write(self, text):
         if not text:
             return 0
-        lines = text.split("\n")
-        out = [(self._prefix if self._at_start else "") + lines[0]]
-        out += [self._prefix + line if line else line for line in lines[1:]]
-        self._at_start = text.endswith("\n")
-        if self._at_start:  # (no prefix after the final newline until more text comes)
-            out[-1] = ""
-        self._stream.write("\n".join(out))
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()  # (after the last newline: kept for the next write)
+        if lines:
+            self._stream.write("".join(f"{self._prefix}{line}\n" if line else "\n"
+                                       for line in lines))
+            self._stream.flush()
         return len(text)
+
+    def flush(self):
+        if self._partial:
+            self._stream.write(self._prefix + self._partial)
+            self._partial = ""
+        self._stream.flush()
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
