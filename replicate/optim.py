@@ -216,6 +216,7 @@ class CrossReplicaOptimizer(TraceKeyed):
                             for p in optimizer.params]
             self.micro = Variable(np.zeros((), np.int64), name="opt.micro_step")
         self.scale_var = self.good_steps = None
+        self._scaled = [0]  # opt.scale calls not yet matched by an apply (a list: one object)
         if dynamic:
             self.scale_var = Variable(np.float32(2.0 ** 15), name="opt.loss_scale")
             self.good_steps = Variable(np.zeros((), np.int64), name="opt.good_steps")
@@ -232,6 +233,7 @@ class CrossReplicaOptimizer(TraceKeyed):
         """``loss`` times the loss scale: differentiate this, pass the gradients to ``apply``
         (which divides them by the scale again). Without loss scaling: ``loss``."""
         loss = rnp.as_array(loss)
+        self._scaled[0] += 1
         if self.scale_var is not None:
             return loss * rnp.cast(self.scale_var.read(), loss.dtype)
         return loss if self.fixed_scale is None else loss * self.fixed_scale
@@ -246,6 +248,13 @@ class CrossReplicaOptimizer(TraceKeyed):
 
     def apply(self, grads) -> None:
         self.traced_by()
+        if self.dynamic or self.fixed_scale is not None:
+            if not self._scaled[0]:  # the gradients would be divided by a scale never applied
+                raise ReplicateError(
+                    "wrap_optimizer(..., loss_scale=...).apply: the loss was not scaled — "
+                    "differentiate opt.scale(loss), not loss (apply divides the gradients by "
+                    "the loss scale)")
+            self._scaled[0] -= 1
         leaves, treedef = tree.flatten(grads)
         if len(leaves) != len(self.optimizer.params):
             raise ReplicateError(f"apply: {len(leaves)} gradients for "

@@ -311,6 +311,23 @@ def test_large_finite_gradients_are_not_taken_for_an_overflow():
     w = rp.Variable(np.zeros(2, np.float32), name="w")
     opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=1e-38), loss_scale="dynamic")
     opt.scale_var.assign(np.float32(1.0))
-    opt.apply([rnp.full(2, 3e38, np.float32)])
+    loss = opt.scale(rnp.sum(w * rnp.full(2, 3e38, np.float32)))  # gradient 3e38 per element
+    opt.apply([rp.grad(loss, w)])
     assert int(opt.optimizer.step.numpy()) == 1 and opt.loss_scale == 1.0
     np.testing.assert_allclose(w.numpy(), -3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_forgetting_to_scale_the_loss_is_an_error(mode):
+    """GradScaler's habit missed: grad(loss) instead of grad(opt.scale(loss)) would have every
+    update divided by 32768 — silently tiny steps. It is an error instead."""
+    w = rp.Variable(np.ones(2, np.float32), name="w")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=0.1), loss_scale="dynamic")
+
+    def step_fn(x):
+        opt.apply([rp.grad(rnp.sum(w * x), w)])
+        return {}
+
+    rep = rp.Replicator(lambda ctx: iter([np.ones(2, np.float32)] * 2), step_fn, mode=mode)
+    with pytest.raises(rp.ReplicateError, match="loss was not scaled"):
+        rep.run(1)

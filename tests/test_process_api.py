@@ -140,3 +140,10 @@ def test_stop_on_one_rank_stops_every_rank_at_the_same_step(mode, n):
     for rank in range(n):
         assert _line(result.stdout, rank, "first") == [3, 3], report(result)
         assert _line(result.stdout, rank, "second") == [3.0, 4.0], report(result)
+
+
+def test_host_all_reduce_names_its_op_and_sums_low_precision_in_float32():
+    with pytest.raises(TypeError):
+        rp.host.all_reduce(np.ones(2))  # no default: Horovod averages, torch.distributed sums
+    out = rp.host.all_reduce(np.ones(3, np.float16), "mean")
+    assert out.dtype == np.float16 and out.tolist() == [1.0] * 3

@@ -24,11 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..context import current as current_replica
+from ..dtypes import is_float, is_supported
 from ..errors import ReplicaContextError, ReplicateError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.core import Array, current_trace
 from .agree import HOST, agree, digest
 from .comm import world
+from .host_rows import wide_for_sum
 
 OPS = ("sum", "mean", "max", "min")
 
@@ -56,21 +58,24 @@ def barrier() -> None:
         agree(comm, HOST, digest("barrier"), describe=lambda: f"rp.barrier() at {where}")
 
 
-def all_reduce(x, op: str = "sum") -> np.ndarray:
+def all_reduce(x, op: str) -> np.ndarray:
     """Every process's ``x`` (a NumPy array or number, the same shape and dtype everywhere)
-    combined: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``; the same result on every process
-    (combined in process order, so bitwise equal everywhere)."""
+    combined: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` — no default, as Horovod averages
+    and ``torch.distributed`` sums; the same result on every process (combined in process order,
+    so bitwise equal everywhere)."""
     if op not in OPS:
         raise ReplicateError(f"rp.host.all_reduce: op must be one of {OPS}, got {op!r}")
     x = _value(x, "all_reduce")
-    if op == "mean" and x.dtype.kind not in "f" and x.dtype.name != "bfloat16":
+    if op == "mean" and not is_float(x.dtype):
         raise ReplicateError(f"rp.host.all_reduce(..., 'mean') of {x.dtype} values: cast to a "
                              "float first (the mean of integers is not an integer)")
     comm = _agreed(f"all_reduce({_aval(x)}, op={op!r})")
     if comm.size == 1:
         return x.copy()
-    out = comm.allreduce(x.reshape(-1), "sum" if op == "mean" else op).reshape(x.shape)
-    return (out / comm.size).astype(x.dtype) if op == "mean" else out
+    # (float16/bfloat16: summed in float32 and rounded once, as the replica collectives do)
+    out = comm.allreduce(wide_for_sum(x, op).reshape(-1), "sum" if op == "mean" else op)
+    out = out.reshape(x.shape) / comm.size if op == "mean" else out.reshape(x.shape)
+    return out.astype(x.dtype, copy=False)
 
 
 def all_gather(x) -> np.ndarray:
@@ -107,7 +112,7 @@ def _value(x, what: str) -> np.ndarray:
     if hasattr(x, "read") or isinstance(x, Array):
         x = x.numpy()
     value = np.asarray(x)
-    if value.dtype.kind not in "biuf" and value.dtype.name != "bfloat16":
+    if not is_supported(value.dtype):
         raise ReplicateError(f"rp.host.{what}: NumPy arrays or numbers of bool, integer or float "
                              f"dtype, got {type(x).__name__} of dtype {value.dtype}")
     return value if value.flags.c_contiguous else value.copy(order="C")  # (keeps 0-d as 0-d)

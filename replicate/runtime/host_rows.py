@@ -55,12 +55,12 @@ def _eager(kind, x, num_replicas, attrs):
 
 def _all_reduce(x, *, num_replicas, replica, seq, op):
     comm = _eager("all_reduce", x, num_replicas, dict(op=op))
-    out = comm.allreduce(_wide(x, op), "sum" if op == "mean" else op)
+    out = comm.allreduce(wide_for_sum(x, op), "sum" if op == "mean" else op)
     out = out / num_replicas if op == "mean" else out
     return out.astype(x.dtype) if out.dtype != x.dtype else out
 
 
-def _wide(x, op):
+def wide_for_sum(x, op):
     """A float16/bfloat16 sum is taken in float32 and rounded once (as in graph mode)."""
     return x.astype(np.float32) if x.dtype in LOW_PRECISION and op in ("sum", "mean") else x
 
@@ -81,7 +81,7 @@ def _all_gather(x, *, num_replicas, replica, seq, axis, tiled):
 
 def _reduce_scatter(x, *, num_replicas, replica, seq, op, axis):
     gathered = _eager("reduce_scatter", x, num_replicas, dict(op=op, axis=axis)).allgather(x)
-    gathered = _wide(gathered, op)
+    gathered = wide_for_sum(gathered, op)
     total = gathered.sum(0) if op in ("sum", "mean") else getattr(gathered, op)(0)
     if op == "mean":
         total = total / num_replicas
