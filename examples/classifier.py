@@ -18,7 +18,6 @@ from sklearn.model_selection import train_test_split
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import world
 
 
 def main(argv=None):
@@ -72,7 +71,7 @@ def main(argv=None):
 
     predict = rp.function(predict_fn)
     test_acc = float(np.mean(predict(x_test) == y_test))
-    if world().rank == 0:
+    if rp.is_main_process():
         print(f"replicas: {rep.num_replicas} ({rep.num_ranks} processes x {k}), mode {args.mode}; "
               f"{len(history)} steps in {elapsed:.1f}s")
         print(f"final train loss {float(history[-1]['loss']):.4f}"

@@ -32,7 +32,6 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import world
 
 RADIUS, SIGMA = 2.0, 0.02
 MODES = np.array([[RADIUS * np.cos(a), RADIUS * np.sin(a)]
@@ -156,7 +155,7 @@ def main(argv=None):
     z = np.random.default_rng(123).normal(size=(10_000, args.noise_dim)).astype(np.float32)
     samples = np.asarray(rp.function(gen)(z))
     covered, quality = mode_metrics(samples)
-    if world().rank == 0:
+    if rp.is_main_process():
         print(f"{args.variant}: {rep.num_replicas} replicas, {len(history)} steps in "
               f"{elapsed:.1f}s; final d_loss {float(history[-1]['d_loss']):.3f}")
         print(f"modes covered: {covered}/8; samples within 3 sigma of a mode: {quality:.1%}")

@@ -29,7 +29,6 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import world
 
 
 class ActorCritic(rp.nn.Module):
@@ -166,16 +165,19 @@ def main(argv=None):
         opt.apply(rp.grad(loss, model.parameters()))
         return {"loss": loss, "entropy": entropy}
 
-    rep = rp.Replicator(input_fn, step_fn, mode=args.mode, replicas_per_rank=k)
+    # prefetch=0: on-policy, each rollout must act with the parameters of the latest update (with
+    # input made ahead, the actors would use a policy one or two updates old: A2C would silently
+    # become off-policy; replicate warns when input_fn reads Variables while prefetching)
+    rep = rp.Replicator(input_fn, step_fn, mode=args.mode, replicas_per_rank=k, prefetch=0)
     start = time.perf_counter()
     rep.run(steps=args.updates)
     elapsed = time.perf_counter() - start
 
-    everyone = sorted(e for part in rep.comm.allgather_obj(episodes) for e in part)
+    everyone = sorted(e for part in rp.host.all_gather_object(episodes) for e in part)
     returns = np.array([r for _, _, r in everyone])
     env_steps = args.updates * args.envs * args.rollout * rep.num_replicas
     last20 = float(returns[-20:].mean()) if len(returns) else 0.0
-    if world().rank == 0:
+    if rp.is_main_process():
         print(f"{rep.num_replicas} replicas x {args.envs} envs, {args.updates} updates, "
               f"{env_steps} environment steps in {elapsed:.1f}s; {len(returns)} episodes")
         window = np.convolve(returns, np.ones(20) / 20, "valid") if len(returns) >= 20 else []

@@ -14,6 +14,7 @@ the compiled step writes it back after each call.
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 
 import numpy as np
@@ -41,6 +42,33 @@ read_observers: list = []
 # Called with each variable before an eager write while a Replicator runs (with check_finite it
 # keeps the old value, so a step whose update is not finite can be taken back).
 eager_write_hook = None
+# Set on the input-prefetch thread (runtime/prefetch.py): called with each Variable read there,
+# where the value may be steps old. The hooks above belong to the step's thread: never run here.
+_input_thread = threading.local()
+
+
+def set_input_thread_hook(hook) -> None:
+    _input_thread.hook = hook
+
+
+def input_thread_hook():
+    return getattr(_input_thread, "hook", None)
+
+
+def note_input_thread_reads(variables) -> None:
+    """A compiled call reads ``variables``' values directly: tell the prefetch thread's hook."""
+    hook = getattr(_input_thread, "hook", None)
+    if hook is not None:
+        for var in variables:
+            hook(var)
+
+
+def _read_on_input_thread(var) -> bool:
+    hook = getattr(_input_thread, "hook", None)
+    if hook is None:
+        return False
+    hook(var)
+    return True
 
 
 class Variable:
@@ -119,7 +147,7 @@ class Variable:
         trace = current_trace()
         if trace is not None:
             return trace.read_variable(self)
-        if eager_read_hook is not None:
+        if not _read_on_input_thread(self) and eager_read_hook is not None:
             eager_read_hook(self)
         if self._eager is None:
             if self.per_replica:  # eager mode: one replica per process
@@ -141,7 +169,7 @@ class Variable:
         if trace is not None:
             trace.write_variable(self, new)
             return
-        if eager_write_hook is not None:
+        if eager_write_hook is not None and input_thread_hook() is None:
             eager_write_hook(self)
         if self.per_replica:  # (outside a step: every replica of this process)
             self.value = np.repeat(new.value[None], self.value.shape[0], axis=0)
@@ -177,6 +205,7 @@ class Variable:
         replica order (before a step used it, its starting value, ``(1, ...)``)."""
         if current_trace() is not None:
             self._refuse_in_trace("w.numpy()")
+        _read_on_input_thread(self)
         return self.value
 
     # -- Python conversions read the value (graph mode: the tracer error at the user's line); an

@@ -13,7 +13,7 @@ import contextlib
 
 import numpy as np
 
-from . import dependency, tree
+from . import dependency, state, tree
 from . import numpy as rnp
 from .context import replica_scope
 from .dtypes import autocast_dtype
@@ -171,6 +171,7 @@ class CompiledStep:
         """Run on the batch leaves: (each replica's result leaves, the variables' new values
         — not written yet)."""
         meta = self.graph.meta
+        state.note_input_thread_reads(meta.variables)
         inputs = leaves + [v.value for v in meta.variables]
         if keep_inputs:
             self.last_inputs = inputs

@@ -369,13 +369,16 @@ def test_jax_traces_once_and_dispatches_after():
 
 
 @only_jax
-def test_jax_segments_between_host_collectives_trace_once():
+def test_jax_in_process_combines_stay_inside_one_jit():
+    """Only communication between processes cuts a JAX segment: on one process, the replicas'
+    in-process combines (local_reduce, a sum of k arrays) are compiled with the rest of the
+    step — one jit, traced once (issue 17: 29 segments, 11.6 s of compiling, on a small GAN)."""
     _, _, rep = replicated_training("jax", steps=3)
     exe = rep.executable()
-    jits = [k for k in exe.kernels if k.startswith("jit")]
-    hosts = [k for k in exe.kernels if k.startswith("host")]
-    assert len(jits) >= 2 and hosts, exe.kernels  # device segments split by host collectives
-    assert exe.run.traces == len(jits)
+    prims = [n.prim for n in exe.graph.nodes]
+    assert prims.count("local_reduce") >= 3
+    assert len(exe.kernels) == 1 and exe.kernels[0].startswith("jit["), exe.kernels
+    assert exe.run.traces == 1
 
 
 @only_jax

@@ -83,7 +83,9 @@ declare("reduce_scatter", COLLECTIVE, _reduce_scatter, **_PLACEHOLDER)
 declare("permute", COLLECTIVE, _same, **_PLACEHOLDER)
 # what the rewrite produces: gradients are taken before it, on the placeholders
 _EXCHANGE = dict(differentiable=False, effect=True, exchange=True)
-declare("local_reduce", COLLECTIVE, _same_all, differentiable=False)
+# the in-process combine is a sum of k arrays on one device: no communication, so a backend runs
+# it with the step's other ops (inside a JAX jit segment, on the GPU) rather than on the host
+declare("local_reduce", COLLECTIVE, _same_all, differentiable=False, host=False)
 declare("mpi_allreduce", COLLECTIVE, _same, **_EXCHANGE)
 declare("mpi_allgather", COLLECTIVE, _gathered, **_EXCHANGE)
 declare("mpi_broadcast", COLLECTIVE, _same, **_EXCHANGE)

@@ -137,13 +137,15 @@ def _top_k_np(x, k):
     return np.flip(n - 1 - order, -1)[..., :k]
 
 
-def _local_reduce(*xs, op):
-    """The in-process combine of the k local replicas' values, in replica order."""
-    out = xs[0]
-    fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
-    for x in xs[1:]:
-        out = fn(out, x)
-    return out
+def _local_reduce(xp):
+    def local_reduce(*xs, op):
+        """The in-process combine of the k local replicas' values, in replica order."""
+        out = xs[0]
+        fn = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
+        for x in xs[1:]:
+            out = fn(out, x)
+        return out
+    return local_reduce
 
 
 ROWS = {
@@ -187,7 +189,7 @@ ROWS = {
     "random_bits": _random_bits,
     "random_uniform": _random_uniform,
     "const": lambda xp: lambda value: value,
-    "local_reduce": lambda xp: _local_reduce,
+    "local_reduce": _local_reduce,
 }
 
 

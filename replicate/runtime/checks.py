@@ -18,11 +18,14 @@ import numpy as np
 
 from .. import tree
 from ..dtypes import is_supported
-from ..errors import InputError, function_location
+from ..errors import InputError, ReplicateError, function_location
 from ..graph.aval import AVal
 from ..graph.core import Array
 
 MAX_SIGNATURES = 8
+
+OUTPUT_REDUCTIONS = {"mean": lambda a: a.mean(0), "sum": lambda a: a.sum(0),
+                     "per_replica": lambda a: a}  # of (R, ...) per output leaf
 
 
 def leaf_paths(treedef, prefix="") -> list[str]:
@@ -138,3 +141,21 @@ def checked_step_fn(step_fn):
         return out
 
     return step
+
+
+def check_arguments(input_fn, step_fn, replicas_per_rank, outputs, check_finite, check_sync):
+    """``Replicator``'s arguments: a ``ReplicateError`` naming the first one that is wrong."""
+    if not callable(input_fn) or not callable(step_fn):
+        raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
+    if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
+        raise ReplicateError(f"replicas_per_rank must be a positive int, got "
+                             f"{replicas_per_rank!r}")
+    if outputs not in OUTPUT_REDUCTIONS:
+        raise ReplicateError(f"outputs must be one of {tuple(OUTPUT_REDUCTIONS)}, got "
+                             f"{outputs!r}")
+    if not isinstance(check_finite, (bool, np.bool_)):
+        raise ReplicateError(f"check_finite must be True or False, got {check_finite!r}")
+    if not isinstance(check_sync, (bool, np.bool_)) and not (
+            isinstance(check_sync, (int, np.integer)) and check_sync > 0):
+        raise ReplicateError(f"check_sync must be True, False or a number of steps > 0, got "
+                             f"{check_sync!r}")

@@ -56,13 +56,19 @@ class _Batches:
         return batch
 
 
-def progress_total(steps, done: int, iterators):
+def progress_total(steps, done: int, iterators, prefetcher=None, pending: bool = False):
     """A progress bar's total: ``steps`` more than ``done``, else what the replicas' iterators
-    (``shard_batches``) say they yield (None: unknown)."""
+    (``shard_batches``) say they yield (None: unknown), plus the batches drawn and not used yet
+    (by the ``prefetcher``, or ``pending`` from a stopped run)."""
     if steps is not None:
         return done + steps
+    left = prefetcher.ahead(steps_left) if prefetcher is not None else steps_left(iterators)
+    return None if left is None else done + left + pending
+
+
+def steps_left(iterators) -> int | None:
     known = [getattr(it, "total_steps", None) for it in iterators]
-    return None if not known or None in known else done + min(known)
+    return None if not known or None in known else min(known)
 
 
 def _count(data, batch_size, ctx, epochs, remainder, start_step):

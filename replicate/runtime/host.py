@@ -31,6 +31,7 @@ from ..graph.core import Array, current_trace
 from .agree import HOST, agree, digest
 from .comm import world
 from .host_rows import wide_for_sum
+from .prefetch import refuse_exchange
 
 OPS = ("sum", "mean", "max", "min")
 
@@ -85,6 +86,14 @@ def all_gather(x) -> np.ndarray:
     return comm.allgather(x.reshape(-1)).reshape((comm.size,) + x.shape)
 
 
+def all_gather_object(obj) -> list:
+    """Every process's ``obj`` (any picklable Python object: a list of episode returns, a dict
+    of counts; each process's may differ in size) as a list in process order, as
+    ``torch.distributed.all_gather_object`` and Horovod's ``allgather_object``."""
+    comm = _agreed("all_gather_object(...)")
+    return comm.allgather_obj(obj)
+
+
 def broadcast(x, root: int = 0) -> np.ndarray:
     """Process ``root``'s ``x`` on every process (the others' ``x`` give only its shape and
     dtype, which must match)."""
@@ -100,6 +109,7 @@ def broadcast(x, root: int = 0) -> np.ndarray:
 
 # -- checks -------------------------------------------------------------------------------------
 def _outside_step(what: str):
+    refuse_exchange(what)
     if current_trace() is not None or current_replica() is not None:
         raise ReplicaContextError(
             f"{what} inside a step: the host exchanges combine processes' NumPy values outside "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -25,13 +26,15 @@ from ..graph.aval import AVal
 from ..graph.trace import signature
 from ..numpy import as_array
 from ..step import StepCache, batch_leaves, gather_outputs
-from . import hooks, nan_check, sync_check, watchdog
+from . import hooks, nan_check, prefetch, sync_check, watchdog
 from .agree import OUTPUTS, STEP, SYNC, agree, digest
 from .callbacks import MetricsLog, Progress
 from .checkpoint import restore as restore_checkpoint
 from .checks import (
+    OUTPUT_REDUCTIONS,
     BatchChecker,
     aval_of,
+    check_arguments,
     checked_step_fn,
     describe_batches,
     warn_many_signatures,
@@ -39,10 +42,8 @@ from .checks import (
 from .comm import world
 from .config import agree_config
 from .data import progress_total
+from .prefetch import parse_prefetch
 from .schedule import Schedules
-
-OUTPUT_REDUCTIONS = {"mean": lambda a: a.mean(0), "sum": lambda a: a.sum(0),
-                     "per_replica": lambda a: a}  # of (R, ...) per output leaf
 
 
 class Replicator:
@@ -67,7 +68,8 @@ class Replicator:
     int N), or never (``False``): ``rp.DivergenceError`` names the first that differs;
     ``collective_timeout`` (seconds; default ``$REPLICATE_COLLECTIVE_TIMEOUT`` or 300; 0: none)
     is how long a cross-process call may wait before the job is aborted with a report of the
-    missing ranks.
+    missing ranks. ``prefetch``: steps of input made ahead on a background thread (default 2;
+    0 for input that must see the latest parameters, on-policy RL: ``runtime/prefetch.py``).
 
     >>> import numpy as np, replicate as rp
     >>> w = rp.Variable(np.zeros(2), name="w")
@@ -85,23 +87,11 @@ class Replicator:
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
                  replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
                  check_finite: bool = False, check_sync: bool | int = True,
-                 collective_timeout: float | None = None):
-        if not callable(input_fn) or not callable(step_fn):
-            raise ReplicateError("Replicator(input_fn, step_fn): both must be callables")
-        if not isinstance(replicas_per_rank, (int, np.integer)) or replicas_per_rank < 1:
-            raise ReplicateError(f"replicas_per_rank must be a positive int, got "
-                                 f"{replicas_per_rank!r}")
-        if outputs not in OUTPUT_REDUCTIONS:
-            raise ReplicateError(f"outputs must be one of {tuple(OUTPUT_REDUCTIONS)}, got "
-                                 f"{outputs!r}")
-        if not isinstance(check_finite, (bool, np.bool_)):
-            raise ReplicateError(f"check_finite must be True or False, got {check_finite!r}")
-        if not isinstance(check_sync, (bool, np.bool_)) and not (
-                isinstance(check_sync, (int, np.integer)) and check_sync > 0):
-            raise ReplicateError(f"check_sync must be True, False or a number of steps > 0, got "
-                                 f"{check_sync!r}")
+                 collective_timeout: float | None = None, prefetch: int = 2):
+        check_arguments(input_fn, step_fn, replicas_per_rank, outputs, check_finite, check_sync)
         if collective_timeout is not None:
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
+        self.prefetch = parse_prefetch(prefetch)
         self.mode = check_mode(mode)
         if self.mode == "eager" and replicas_per_rank != 1:
             raise ReplicateError(
@@ -126,7 +116,7 @@ class Replicator:
         self.cache = StepCache()
         self.trace_count = 0
         self.step = 0
-        self._iterators = None
+        self._iterators, self._prefetcher = None, None
         self._synced: dict[int, object] = {}  # the variables the steps use, by id
         self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
         self._step_entry = None  # graph mode: (this step's signature, its compiled step or None)
@@ -150,12 +140,16 @@ class Replicator:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
             self._iterators = [iter(self.input_fn(ctx)) for ctx in self.contexts]
+            self._prefetcher = prefetch.start(self._iterators, self.prefetch)
+            if self._prefetcher is not None:  # ends its thread when the Replicator goes
+                weakref.finalize(self, self._prefetcher.close)
         self._stop = False
         callbacks = list(callbacks)
         if metrics:
             callbacks.append(MetricsLog(metrics))
-        bar = Progress(total=progress_total(steps, self.step, self._iterators)) if progress \
-            else None
+        bar = Progress(total=progress_total(
+            steps, self.step, self._iterators, self._prefetcher, self._pending is not None)) \
+            if progress else None
         if bar:
             callbacks.append(bar)
         history = []
@@ -209,7 +203,9 @@ class Replicator:
         info = restore_checkpoint(path, state, comm=self.comm)
         self.step = int(info["step"])
         self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
-        self._iterators = None
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        self._iterators, self._prefetcher = None, None
         self._synced.clear()
         return self.step
 
@@ -243,7 +239,7 @@ class Replicator:
         step (``_graph_step``) instead of one rank's check meeting another's step."""
         if self._stop and self.num_ranks == 1:
             return None
-        batches, self._pending = self._pending or [next(it, None) for it in self._iterators], None
+        batches, self._pending = self._pending or self._draw(), None
         self._check_batches(batches, self.step + 1, self.contexts)
         have = sum(b is not None for b in batches)
         fp = 0
@@ -270,6 +266,11 @@ class Replicator:
                           f"data per rank: {counts}); all replicas stop here",
                           stacklevel=3)
         return None
+
+    def _draw(self):
+        if self._prefetcher is not None:
+            return self._prefetcher.next()
+        return [next(it, None) for it in self._iterators]
 
     def _describe_step_start(self):
         return (f"the start of step {self.step + 1} (its input check, before step_fn) in "

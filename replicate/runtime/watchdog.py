@@ -125,16 +125,32 @@ def user_line(frame) -> str:
     return source_line((inner.f_code.co_filename, inner.f_lineno))
 
 
+def _feeder(frame):
+    """The prefetch thread's id when ``frame`` (a thread's innermost frame) waits for a batch
+    it makes (``runtime/prefetch.py``): that thread is where a stalled ``input_fn`` is."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "next" and code.co_filename.endswith("prefetch.py"):
+            thread = getattr(frame.f_locals.get("self"), "_thread", None)
+            return getattr(thread, "ident", None)
+        frame = frame.f_back
+    return None
+
+
 def state(rank) -> dict:
     """This process's state, as sent to a peer that asks."""
     frames = sys._current_frames()
     main = threading.main_thread().ident
+    feeder = _feeder(frames.get(main))
+    where = user_line(frames.get(main))
+    if feeder in frames:
+        where = f"{user_line(frames[feeder])} (input_fn, on the prefetch thread)"
     return {
         "rank": rank, "step": TRACKER.step, "phase": TRACKER.phase,
         "entered": TRACKER.entered(),
         "inflight": [(c.comm, c.seq, c.describe(), c.thread) for c in
                      list(TRACKER.inflight.values())],
-        "where": user_line(frames.get(main)),
+        "where": where,
     }
 
 

@@ -1,0 +1,154 @@
+"""Input prefetch: ``input_fn`` runs ahead of the steps on a background thread.
+
+``Replicator(..., prefetch=n)`` keeps up to ``n`` steps' batches (one per local replica) ready,
+so a step does not wait for its input while the previous step computes: a data-bound job pays
+about ``max(input time, step time)`` per step instead of their sum. NumPy, BLAS, JAX, MPI and
+file reads release the GIL, so the two overlap even in one Python process.
+
+What stays as without prefetch:
+
+* **Order.** One thread draws every local replica's next batch, in replica order, and the steps
+  take them first in, first out: the same batches reach the same steps.
+* **Set-up code runs on the caller's thread.** The first batch of each iterator is drawn there
+  (synchronously), so whatever ``input_fn`` does before its first ``yield`` — loading a data
+  set, ``rp.host.broadcast`` of it from process 0 — runs as before; only later batches come from
+  the background thread.
+* **Errors.** An exception in ``input_fn`` is re-raised by the step that would have used the
+  batch, with ``input_fn``'s own frames in its traceback (the rank and line are named as
+  before); input that runs out ends the run at the same step, on every rank (the agreement at
+  each step start is unchanged).
+* **Resume.** ``restore`` (a new ``ctx.start_step``) closes the thread and starts from new
+  iterators.
+
+What changes, by design: batches are made ahead of the parameters they will be used with. An
+``input_fn`` that reads ``rp.Variable`` values (a policy acting in an environment: on-policy RL)
+would see values up to ``n`` updates old; it gets a warning naming the variable, and
+``prefetch=0`` restores the lock-step order. An exchange between processes (``rp.host``) from
+the background thread is refused: it would run concurrently with the steps' collectives.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+
+from .. import state
+from ..errors import ReplicateError
+
+POLL = 0.1  # seconds between checks for a closed prefetcher while the queue is full
+
+
+def parse_prefetch(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ReplicateError(f"prefetch must be an int >= 0 (steps of input made ahead; 0: "
+                             f"none), got {value!r}")
+    return value
+
+
+def on_input_thread() -> bool:
+    """True on a prefetch thread (running ``input_fn`` ahead of the steps)."""
+    return state.input_thread_hook() is not None
+
+
+class Prefetcher:
+    """Draws ``[next(it, None) for it in iterators]`` ahead on a daemon thread, ``depth`` deep.
+
+    ``next()`` returns the next list (a list holding ``None`` where an iterator ran out; after
+    that list the thread stops, and ``next()`` keeps returning it) or re-raises what
+    ``input_fn`` raised."""
+
+    def __init__(self, iterators, depth: int, first: list):
+        self.iterators, self.depth = iterators, depth
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queue.put(("batches", first))  # drawn on the caller's thread (set-up code)
+        self._closed = threading.Event()
+        self._last = None  # the list that ended the input, once seen
+        self._warned: set = set()
+        self._lock = threading.Lock()  # drawing a list and counting it are one step
+        self._made, self._taken = 1, 0  # lists of batches drawn, handed to the steps
+        self._thread = None
+        if all(b is not None for b in first):
+            self._thread = threading.Thread(target=self._produce, name="replicate-prefetch",
+                                            daemon=True)
+            self._thread.start()
+
+    def _produce(self):
+        state.set_input_thread_hook(self._variable_read)
+        try:
+            while not self._closed.is_set():
+                with self._lock:
+                    batches = [next(it, None) for it in self.iterators]
+                    self._made += all(b is not None for b in batches)
+                if not self._put(("batches", batches)) or any(b is None for b in batches):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the step that needed the batch
+            self._put(("error", e))
+
+    def _put(self, item) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _variable_read(self, var):
+        if var.name in self._warned:
+            return
+        self._warned.add(var.name)
+        warnings.warn(
+            f"input_fn reads rp.Variable {var.name!r} while it runs ahead of the steps "
+            f"(prefetch={self.depth}): the value it sees may be up to {self.depth} updates old. "
+            "For input that must use the latest parameters (on-policy RL), pass "
+            "Replicator(..., prefetch=0)", stacklevel=3)
+
+    def next(self) -> list:
+        if self._last is not None:
+            return self._last
+        kind, item = self._queue.get()
+        if kind == "error":
+            self._last = [None] * len(self.iterators)  # (a generator that raised is finished)
+            raise item
+        if any(b is None for b in item):
+            self._last = item
+        else:
+            self._taken += 1
+        return item
+
+    def ahead(self, counted) -> int | None:
+        """``counted(iterators)``: what the iterators have still to yield (or None); plus the
+        batches made ahead and not taken yet."""
+        with self._lock:
+            left = counted(self.iterators)
+            return None if left is None else left + self._made - self._taken
+
+    def close(self) -> None:
+        """Stop the thread (after the batch it is drawing, if any) and drop what it made."""
+        self._closed.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5 * POLL)
+
+
+def start(iterators, depth: int):
+    """A ``Prefetcher`` over ``iterators`` (the first batches drawn here), or None for
+    ``depth == 0``."""
+    if depth == 0:
+        return None
+    first = [next(it, None) for it in iterators]
+    prefetcher = Prefetcher(iterators, depth, first)
+    if any(b is None for b in first):
+        prefetcher._made = 0
+    return prefetcher
+
+
+def refuse_exchange(what: str) -> None:
+    """``rp.host`` exchanges are refused on the prefetch thread."""
+    if on_input_thread():
+        raise ReplicateError(
+            f"{what} in input_fn after its first batch, with prefetch on: input_fn runs on a "
+            "background thread then, and the exchange would run concurrently with the steps' "
+            "collectives. Exchange before the first yield (that part runs on the main thread), "
+            "or pass Replicator(..., prefetch=0)")
