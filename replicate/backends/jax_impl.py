@@ -80,6 +80,37 @@ def _wide_result(*xs) -> dict:
     return {}
 
 
+# -- convolution: lax.conv_general_dilated, and the transposes JAX's autodiff would write
+def _conv(lhs, rhs, specs, **kw):
+    return lax.conv_general_dilated(lhs, rhs, dimension_numbers=specs, precision=PRECISION,
+                                    **kw, **_wide_result(lhs, rhs))
+
+
+def _conv2d(x, w, stride, padding, dilation):
+    return _conv(x, w, ("NCHW", "OIHW", "NCHW"), window_strides=stride, padding=padding,
+                 rhs_dilation=dilation)
+
+
+def _conv2d_input_grad(g, w, size, stride, padding, dilation):
+    """A convolution of ``g`` dilated by the stride with the flipped kernel, its features swapped
+    (weights read as IOHW), padded so that the output is ``size``."""
+    pads = []
+    for n, o, k, s, (lo, _), d in zip(size, g.shape[2:], w.shape[2:], stride, padding, dilation):
+        before = d * (k - 1) - lo
+        pads.append((before, n + d * (k - 1) - (o - 1) * s - 1 - before))
+    return _conv(g, jnp.flip(w, (2, 3)), ("NCHW", "IOHW", "NCHW"), window_strides=(1, 1),
+                 padding=pads, lhs_dilation=stride, rhs_dilation=dilation)
+
+
+def _conv2d_weight_grad(x, g, kernel, stride, padding, dilation):
+    """A convolution of ``x`` with ``g`` over the batch (batch and features swapped), the
+    stride as the kernel's dilation and the dilation as the stride."""
+    pads = [(lo, (o - 1) * s + d * (k - 1) + 1 - n - lo) for n, o, k, s, (lo, _), d in
+            zip(x.shape[2:], g.shape[2:], kernel, stride, padding, dilation)]
+    return _conv(x, g, ("CNHW", "IOHW", "CNHW"), window_strides=dilation, padding=pads,
+                 rhs_dilation=stride)
+
+
 def _scan(fn):
     """A cumulative sum/product: float16/bfloat16 accumulate in float32 (one rounding per
     element, as the reference)."""
@@ -120,6 +151,9 @@ JAX = reference.table(jnp, "jax", {
     "matmul": lambda a, b: jnp.matmul(a, b, precision=PRECISION, **_wide_result(a, b)),
     "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION,
                                                  **_wide_result(*xs)),
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
     "fused": _fused,  # groups made by the NumPy pipeline's fusion pass, should one come here
 })
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:
