@@ -32,12 +32,15 @@ if HAVE_JAX:
     RUNS["jax"] = dict(backend="jax")
 
 
-def random_geometries(count, seed, asymmetric):
-    """(x shape, w shape, stride, padding ((t, b), (l, r)), dilation) with an output >= 1."""
+def random_geometries(count, seed, asymmetric, single=False):
+    """(x shape, w shape, stride, padding ((t, b), (l, r)), dilation) with an output >= 1
+    (``single``: one input and one output channel, as avg_pool2d's convolution)."""
     rng = np.random.default_rng(seed)
     out = []
     while len(out) < count:
         n, c, o = rng.integers(1, 4), rng.integers(1, 4), rng.integers(1, 4)
+        if single:
+            c = o = 1
         h, w = rng.integers(1, 10, 2)
         kh, kw = rng.integers(1, 5, 2)
         stride, dilation = tuple(rng.integers(1, 4, 2)), tuple(rng.integers(1, 4, 2))
@@ -98,7 +101,8 @@ def check(got, want, what, rtol=1e-9, atol=1e-10):
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"{what} {name}")
 
 
-PRIMITIVE = random_geometries(30, 0, asymmetric=True)
+# the last ones with one channel in and out (the JAX rows write those as strided slices)
+PRIMITIVE = random_geometries(30, 0, asymmetric=True) + random_geometries(10, 5, True, True)
 
 
 @pytest.mark.parametrize("how", list(RUNS))
