@@ -288,6 +288,9 @@ def test_shape_errors_name_the_operands():
     with pytest.raises(rp.ReplicateError, match="not the shape of a convolution"):
         bind("conv2d_input_grad", rnp.ones((1, 1, 3, 3)), rnp.ones((1, 1, 3, 3)), size=(4, 4),
              stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1))
+    with pytest.raises(rp.ReplicateError, match="at least 1 x 1"):
+        bind("conv2d_weight_grad", rnp.ones((1, 1, 4, 4)), rnp.ones((1, 1, 5, 4)), kernel=(0, 1),
+             stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1))
     with pytest.raises(rp.ReplicateError, match="non-negative"):
         bind("conv2d", rnp.ones((1, 1, 4, 4)), rnp.ones((1, 1, 3, 3)), stride=(1, 1),
              padding=((-1, 0), (0, 0)), dilation=(1, 1))

@@ -55,6 +55,8 @@ def _rank4(*avals):
 
 
 def _output(x_shape, kernel, stride, padding, dilation):
+    if min(kernel) < 1:
+        raise ShapeError(f"the window {tuple(kernel)} must be at least 1 x 1")
     size = out_size(x_shape[2:], kernel, stride, padding, dilation)
     if min(size) < 1:
         raise ShapeError(f"window {tuple(kernel)} (dilation {tuple(dilation)}) is larger than "
