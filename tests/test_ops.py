@@ -872,6 +872,76 @@ case("conv_transpose2d", lambda x, w: rnp.conv_transpose2d(x, w, stride=2, paddi
      In((2, 2, 3, 3), F32), label="float32")
 
 
+# the convolution primitives themselves (rnp binds them for conv2d, conv_transpose2d and
+# avg_pool2d): each gradient as an op, with asymmetric padding, and their own gradients
+def bind_conv(prim, **attrs):
+    from replicate.graph.core import bind
+
+    return lambda a, b: bind(prim, a, b, **attrs)
+
+
+def geometry(stride=1, padding=0, dilation=1):
+    pads = pair(padding)
+    pads = tuple(p if isinstance(p, tuple) else (p, p) for p in pads)
+    return dict(stride=pair(stride), padding=pads, dilation=pair(dilation))
+
+
+def conv_input_grad_ref(g, w, size, stride, padding, dilation):
+    """The transpose of the convolution by its definition: every output pixel's cotangent goes
+    back to the input pixels its window read (the padding's share dropped)."""
+    (sh, sw), ((t, b), (le, r)), (dh, dw) = stride, padding, dilation
+    n, o, oh, ow = g.shape
+    _, c, kh, kw = w.shape
+    full = np.zeros((n, c, size[0] + t + b, size[1] + le + r), np.result_type(g, w))
+    for i, j, a, q in itertools.product(range(oh), range(ow), range(kh), range(kw)):
+        full[:, :, i * sh + a * dh, j * sw + q * dw] += g[:, :, i, j] @ w[:, :, a, q]
+    return full[:, :, t:t + size[0], le:le + size[1]]
+
+
+def conv_weight_grad_ref(x, g, kernel, stride, padding, dilation):
+    """sum over the batch and the output grid of the cotangent times the window it read."""
+    (sh, sw), ((t, b), (le, r)), (dh, dw) = stride, padding, dilation
+    x = np.pad(x, ((0, 0), (0, 0), (t, b), (le, r)))
+    oh, ow = g.shape[2:]
+    out = np.zeros((g.shape[1], x.shape[1]) + tuple(kernel), np.result_type(x, g))
+    for a, q in itertools.product(range(kernel[0]), range(kernel[1])):
+        patch = x[:, :, a * dh:a * dh + sh * (oh - 1) + 1:sh, q * dw:q * dw + sw * (ow - 1) + 1:sw]
+        out[:, :, a, q] = np.einsum("noij,ncij->oc", g, patch)
+    return out
+
+
+CONV_GRADS = [  # x shape, w shape, geometry (the first small enough for a gradient of gradient)
+    ((1, 1, 4, 4), (1, 1, 2, 2), geometry(stride=(2, 1), padding=((1, 0), (0, 2)),
+                                          dilation=(1, 2))),
+    ((1, 1, 4, 4), (1, 1, 3, 3), geometry()),
+    ((2, 2, 5, 4), (3, 2, 2, 3), geometry(stride=2, padding=((1, 0), (2, 1)))),
+    ((1, 2, 7, 6), (2, 2, 3, 2), geometry(stride=(2, 3), padding=(1, 0), dilation=(2, 1))),
+    ((2, 1, 6, 6), (1, 1, 1, 1), geometry(stride=2, padding=((0, 2), (1, 0)))),
+    ((1, 3, 5, 5), (2, 3, 3, 3), geometry(stride=3, padding=2, dilation=2)),
+]
+for xs_, ws_, geo in CONV_GRADS:
+    label = f"s={geo['stride']},p={geo['padding']},d={geo['dilation']}"
+    out = (xs_[0], ws_[0]) + tuple(
+        (n + lo + hi - d * (k - 1) - 1) // s + 1 for n, k, s, (lo, hi), d in
+        zip(xs_[2:], ws_[2:], geo["stride"], geo["padding"], geo["dilation"]))
+    case("conv2d", bind_conv("conv2d", **geo),
+         lambda x, w, geo=geo: conv2d_ref(np.pad(x, ((0, 0), (0, 0)) + geo["padding"]), w,
+                                          geo["stride"], 0, geo["dilation"]),
+         In(xs_), In(ws_), label="primitive " + label)
+    case("conv2d_input_grad", bind_conv("conv2d_input_grad", size=xs_[2:], **geo),
+         lambda g, w, size=xs_[2:], geo=geo: conv_input_grad_ref(g, w, size, **geo), In(out),
+         In(ws_), label=label)
+    case("conv2d_weight_grad", bind_conv("conv2d_weight_grad", kernel=ws_[2:], **geo),
+         lambda x, g, kernel=ws_[2:], geo=geo: conv_weight_grad_ref(x, g, kernel, **geo),
+         In(xs_), In(out), label=label)
+case("conv2d_input_grad", bind_conv("conv2d_input_grad", size=(4, 5), **geometry(2, 1)),
+     lambda g, w: conv_input_grad_ref(g, w, (4, 5), **geometry(2, 1)), In((1, 2, 2, 3), F32),
+     In((2, 3, 3, 3), F32), label="float32")
+case("conv2d_weight_grad", bind_conv("conv2d_weight_grad", kernel=(3, 3), **geometry(2, 1)),
+     lambda x, g: conv_weight_grad_ref(x, g, (3, 3), **geometry(2, 1)), In((2, 3, 4, 5), F32),
+     In((2, 2, 2, 3), F32), label="float32")
+
+
 def differentiable(c: Case) -> bool:
     """Float64 inputs, floating-point outputs, and not excluded by the case."""
     if not (c.grad and c.float64_only):
@@ -914,7 +984,8 @@ GRAD_OF_GRAD = {"exp", "log", "tanh", "sigmoid", "softplus", "sin", "cos", "sqrt
                 "prod", "getitem", "take", "where", "conv2d", "max_pool2d", "avg_pool2d",
                 "concatenate", "pad", "maximum", "reciprocal", "abs", "expm1", "log1p",
                 "broadcast_to", "mean", "max", "erf", "mod", "cumsum", "cumprod", "sort",
-                "top_k", "flip", "roll", "repeat", "tile", "conv_transpose2d"}
+                "top_k", "flip", "roll", "repeat", "tile", "conv_transpose2d", "conv2d_input_grad",
+                "conv2d_weight_grad"}
 
 
 def _pick_gg():

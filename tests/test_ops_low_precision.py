@@ -100,7 +100,7 @@ def _has_float(c: Case) -> bool:
 # ops whose cases differ in their window geometry (kernel, stride, padding, dilation) only: which
 # elements a window holds is indexing, the same in every dtype (test_ops checks each geometry);
 # one case of each runs here (their JAX compiles are the slowest of the table)
-GEOMETRY = {"conv2d", "max_pool2d", "avg_pool2d"}
+GEOMETRY = {"conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "avg_pool2d"}
 
 
 def _variant(c: Case):

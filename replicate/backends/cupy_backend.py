@@ -3,7 +3,9 @@
 * each ``fused`` node is one kernel: ``cuda_codegen.generate`` writes its source, compiled once
   per (structure, dtypes) into a ``cupy.ElementwiseKernel`` or ``cupy.ReductionKernel`` and
   cached (CuPy caches the binary per shape and device); ``REPLICATE_DEBUG=cuda`` prints it;
-* ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``;
+* ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``; so do the
+  convolution primitives, whose reference rows (``graph/conv.py``: im2col through a strided view,
+  one batched GEMM, col2im by strided adds) run here on device arrays, float16 in float32;
 * other ops run the NumPy reference table on device arrays (CuPy implements NumPy's array
   function protocol), with device versions where NumPy's would not dispatch (random numbers,
   scatter-add);
@@ -21,6 +23,7 @@ import cupyx
 
 from ..debug import debug_enabled
 from ..errors import ReplicateError
+from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.index_check import index_bounds_error
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
@@ -96,7 +99,17 @@ def _scatter_add(g, *idx, index, shape):
     return out
 
 
+def _widened(fn):
+    """float16 operands computed in float32 (one rounding, as the reference)."""
+    def run(*xs, **attrs):
+        if any(x.dtype == cupy.float16 for x in xs):
+            xs = [x.astype(cupy.float32) for x in xs]
+        return fn(*xs, **attrs)
+    return run
+
+
 DEVICE = {
+    **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
     "matmul": lambda a, b: cupy.matmul(a, b),
     "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,

@@ -80,6 +80,86 @@ def _wide_result(*xs) -> dict:
     return {}
 
 
+# -- convolution: lax.conv_general_dilated, and the transposes JAX's autodiff would write
+def _conv(lhs, rhs, specs, **kw):
+    return lax.conv_general_dilated(lhs, rhs, dimension_numbers=specs, precision=PRECISION,
+                                    **kw, **_wide_result(lhs, rhs))
+
+
+def _single_channel(channels) -> bool:
+    """One input and one output channel (``avg_pool2d``'s per-channel convolution with a window
+    of ones): XLA's CPU convolution is slow there (a GEMM of width 1), so the rows below write
+    it as one strided slice per kernel offset, which XLA fuses into one loop."""
+    return tuple(channels) == (1, 1)
+
+
+def _widen(*xs):
+    if all(jnp.result_type(x) in (jnp.bfloat16, jnp.float16) for x in xs):
+        return [x.astype(jnp.float32) for x in xs]
+    return list(xs)
+
+
+def _offsets(kernel, stride, dilation, out):
+    """Per kernel offset (a, b): the strided slice of the padded input it reads."""
+    for a in range(kernel[0]):
+        for b in range(kernel[1]):
+            start = (a * dilation[0], b * dilation[1])
+            yield a, b, start, tuple(s + (o - 1) * t + 1 for s, o, t in zip(start, out, stride))
+
+
+def _pad_hw(x, padding):
+    return lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), (0, 0, 0)] + [(lo, hi, 0) for lo, hi
+                                                                       in padding])
+
+
+def _conv2d(x, w, stride, padding, dilation):
+    if _single_channel(w.shape[:2]):
+        x, w = _widen(x, w)
+        x, n = _pad_hw(x, padding), x.shape[0]
+        out = [(x.shape[i + 2] - dilation[i] * (w.shape[i + 2] - 1) - 1) // stride[i] + 1
+               for i in range(2)]
+        return sum(w[0, 0, a, b] * lax.slice(x, (0, 0) + start, (n, 1) + end, (1, 1) + stride)
+                   for a, b, start, end in _offsets(w.shape[2:], stride, dilation, out))
+    return _conv(x, w, ("NCHW", "OIHW", "NCHW"), window_strides=stride, padding=padding,
+                 rhs_dilation=dilation)
+
+
+def _conv2d_input_grad(g, w, size, stride, padding, dilation):
+    """A convolution of ``g`` dilated by the stride with the flipped kernel, its features swapped
+    (weights read as IOHW), padded so that the output is ``size``."""
+    if _single_channel(w.shape[:2]):  # each offset's share placed by a pad (interior: the stride)
+        g, w = _widen(g, w)
+        total = 0
+        for a, b, start, _ in _offsets(w.shape[2:], stride, dilation, g.shape[2:]):
+            config = [(0, 0, 0), (0, 0, 0)]
+            for lo_hi, n, o, s, first in zip(padding, size, g.shape[2:], stride, start):
+                low = first - lo_hi[0]
+                config.append((low, n - low - (o - 1) * s - 1, s - 1))
+            total = total + lax.pad(g * w[0, 0, a, b], jnp.zeros((), g.dtype), config)
+        return total
+    pads = []
+    for n, o, k, s, (lo, _), d in zip(size, g.shape[2:], w.shape[2:], stride, padding, dilation):
+        before = d * (k - 1) - lo
+        pads.append((before, n + d * (k - 1) - (o - 1) * s - 1 - before))
+    return _conv(g, jnp.flip(w, (2, 3)), ("NCHW", "IOHW", "NCHW"), window_strides=(1, 1),
+                 padding=pads, lhs_dilation=stride, rhs_dilation=dilation)
+
+
+def _conv2d_weight_grad(x, g, kernel, stride, padding, dilation):
+    """A convolution of ``x`` with ``g`` over the batch (batch and features swapped), the
+    stride as the kernel's dilation and the dilation as the stride."""
+    if _single_channel((x.shape[1], g.shape[1])):
+        x, g = _widen(x, g)
+        x, n = _pad_hw(x, padding), x.shape[0]
+        sums = [jnp.sum(g * lax.slice(x, (0, 0) + start, (n, 1) + end, (1, 1) + stride))
+                for _, _, start, end in _offsets(kernel, stride, dilation, g.shape[2:])]
+        return jnp.stack(sums).reshape((1, 1) + tuple(kernel))
+    pads = [(lo, (o - 1) * s + d * (k - 1) + 1 - n - lo) for n, o, k, s, (lo, _), d in
+            zip(x.shape[2:], g.shape[2:], kernel, stride, padding, dilation)]
+    return _conv(x, g, ("CNHW", "IOHW", "CNHW"), window_strides=dilation, padding=pads,
+                 rhs_dilation=stride)
+
+
 def _scan(fn):
     """A cumulative sum/product: float16/bfloat16 accumulate in float32 (one rounding per
     element, as the reference)."""
@@ -120,6 +200,9 @@ JAX = reference.table(jnp, "jax", {
     "matmul": lambda a, b: jnp.matmul(a, b, precision=PRECISION, **_wide_result(a, b)),
     "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION,
                                                  **_wide_result(*xs)),
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
     "fused": _fused,  # groups made by the NumPy pipeline's fusion pass, should one come here
 })
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:

@@ -24,6 +24,7 @@ from typing import Callable
 
 from ..dtypes import is_float  # noqa: F401 - autodiff and custom import it from here
 from ..errors import MissingRuleError
+from .conv import conv2d_input_grad_shape, conv2d_shape, conv2d_weight_grad_shape
 from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported from here too
     _arg_reduce,
     _argsort,
@@ -188,6 +189,10 @@ declare("scatter_add", STRUCTURAL, _scatter_add)
 
 declare("matmul", CONTRACTION, _matmul)
 declare("einsum", CONTRACTION, _einsum)
+# 2-D convolution and its two gradients (``graph/conv.py``): attrs stride, padding, dilation
+declare("conv2d", CONTRACTION, conv2d_shape)
+declare("conv2d_input_grad", CONTRACTION, conv2d_input_grad_shape)  # attr size: the input's H, W
+declare("conv2d_weight_grad", CONTRACTION, conv2d_weight_grad_shape)  # attr kernel: KH, KW
 
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)

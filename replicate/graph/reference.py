@@ -22,6 +22,7 @@ import functools
 import numpy as np
 
 from ..dtypes import LOW_PRECISION
+from . import conv
 from .primitives import RuleTable, index_tuple, parse_einsum
 from .special import erf as _erf_np
 
@@ -190,6 +191,7 @@ ROWS = {
     "random_uniform": _random_uniform,
     "const": lambda xp: lambda value: value,
     "local_reduce": _local_reduce,
+    **conv.ROWS,  # conv2d, conv2d_input_grad, conv2d_weight_grad: im2col and GEMMs
 }
 
 

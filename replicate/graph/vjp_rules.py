@@ -149,6 +149,24 @@ def _einsum(g, out, needs, *xs, subscripts):
     return cts
 
 
+# -- convolution: each of the three is linear in each operand, its gradients the other two -------
+def _conv2d(g, out, needs, x, w, **geometry):
+    return (bind("conv2d_input_grad", g, w, size=x.shape[2:], **geometry) if needs[0] else None,
+            bind("conv2d_weight_grad", x, g, kernel=w.shape[2:], **geometry) if needs[1] else None)
+
+
+def _conv2d_input_grad(z, out, needs, g, w, size, **geometry):
+    # <z, input_grad(g, w)> = <conv2d(z, w), g>
+    return (bind("conv2d", z, w, **geometry) if needs[0] else None,
+            bind("conv2d_weight_grad", z, g, kernel=w.shape[2:], **geometry) if needs[1] else None)
+
+
+def _conv2d_weight_grad(v, out, needs, x, g, kernel, **geometry):
+    # <v, weight_grad(x, g)> = <conv2d(x, v), g>
+    return (bind("conv2d_input_grad", g, v, size=x.shape[2:], **geometry) if needs[0] else None,
+            bind("conv2d", x, v, **geometry) if needs[1] else None)
+
+
 def _cast(g, out, needs, x, dtype):
     return (rnp.cast(g, x.dtype),)
 
@@ -248,6 +266,9 @@ VJP = RuleTable("vjp", {
     "scatter_add": _scatter_add,
     "matmul": _matmul,
     "einsum": _einsum,
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
     "all_reduce": _all_reduce,
     "all_gather": _all_gather,
     "broadcast": _broadcast,

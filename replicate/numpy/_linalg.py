@@ -1,7 +1,9 @@
 """Contractions (matmul, einsum), convolution (and its transpose) and pooling.
 
-Convolution and pooling are built from primitives (pad, strided slices, einsum, max), so their
-gradients — and gradients of gradients — come from the same rule table as everything else.
+Convolution is a primitive with its two gradients (``graph/conv.py``): ``conv2d`` binds it,
+``conv_transpose2d`` binds its input gradient and ``avg_pool2d`` convolves each channel with a
+window of ones. ``max_pool2d`` is a composition (pad, strided slices, max), its gradient from the
+same rule table as everything else.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import numpy as np
 
 from ..dtypes import is_float
 from ..errors import ReplicateError
+from ..graph.conv import out_size
 from ..graph.core import bind
 from ..graph.primitives import parse_einsum
-from ._base import as_array, autocast_operands, promote
+from ._base import as_array, autocast_operands, float_operand, promote
 from ._elementwise import multiply
 from ._reductions import max as reduce_max
-from ._reductions import mean
-from ._shape import broadcast_to, concatenate, expand_dims, pad, reshape, squeeze, stack
+from ._shape import broadcast_to, concatenate, expand_dims, pad, reshape, squeeze
 
 
 def matmul(a, b):
@@ -116,8 +118,28 @@ def _windows(x, kernel, stride, padding, dilation, pad_value=0.0):
     return concatenate(views, axis=2), (oh, ow)
 
 
+def _geometry(stride, padding, dilation):
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    dilation = _pair(dilation, "dilation")
+    if 0 in stride or 0 in dilation:
+        raise ReplicateError("stride and dilation must be positive")
+    return dict(stride=stride, padding=tuple((p, p) for p in padding), dilation=dilation)
+
+
+def _check_window(size, kernel, geometry):
+    """The errors of a window that does not fit (the shape rule's, said at the user's call)."""
+    if kernel[0] <= 0 or kernel[1] <= 0:
+        raise ReplicateError(f"the window {tuple(kernel)} must be at least 1 x 1")
+    size = tuple(n + lo + hi for n, (lo, hi) in zip(size, geometry["padding"]))
+    if min(out_size(size, kernel, geometry["stride"], ((0, 0), (0, 0)),
+                    geometry["dilation"])) <= 0:
+        raise ReplicateError(f"window {tuple(kernel)} (dilation {geometry['dilation']}) is "
+                             f"larger than the padded input {size}")
+
+
 def conv2d(x, w, stride=1, padding=0, dilation=1):
-    """2-D cross-correlation, NCHW input and OIHW weights (as ``torch.nn.functional.conv2d``).
+    """2-D cross-correlation, NCHW input and OIHW weights (as ``torch.nn.functional.conv2d``):
+    the ``conv2d`` primitive (im2col and a GEMM in NumPy, ``lax.conv_general_dilated`` in JAX).
 
     >>> import replicate.numpy as rnp
     >>> rnp.conv2d(rnp.ones((1, 1, 4, 4)), rnp.ones((2, 1, 3, 3)), padding=1).shape
@@ -127,11 +149,9 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
     if w.ndim != 4 or x.ndim != 4 or w.shape[1] != x.shape[1]:
         raise ReplicateError(f"conv2d: input {x.shape} (NCHW) and weight {w.shape} (OIHW) "
                              "do not fit")
-    kernel = w.shape[2:]
-    cols, (oh, ow) = _windows(x, kernel, _pair(stride, "stride"), _pair(padding, "padding"),
-                              _pair(dilation, "dilation"))
-    wk = reshape(w, (w.shape[0], w.shape[1], kernel[0] * kernel[1]))
-    return einsum("nckhw,ock->nohw", cols, wk)
+    geometry = _geometry(stride, padding, dilation)
+    _check_window(x.shape[2:], w.shape[2:], geometry)
+    return bind("conv2d", x, w, **geometry)
 
 
 def conv_transpose2d(x, w, stride=1, padding=0, output_padding=0, dilation=1):
@@ -140,11 +160,9 @@ def conv_transpose2d(x, w, stride=1, padding=0, output_padding=0, dilation=1):
     (one group): the output is ``(H - 1) * stride - 2 * padding + dilation * (kH - 1) +
     output_padding + 1`` high (and wide, likewise).
 
-    A composition: one einsum gives every kernel offset's contribution of every input pixel;
-    each contribution lands on one phase of the output grid (row ``h * stride + i * dilation``
-    is phase ``i * dilation % stride``), shifted by a pad; the phases are interleaved by a stack
-    and a reshape, then cropped by ``padding``. No product with inserted zeros: the work is the
-    einsum's, as in PyTorch's GEMM and col2im.
+    The ``conv2d_input_grad`` primitive: a GEMM and col2im in NumPy, a convolution with input
+    dilation in JAX. The rows ``output_padding`` adds past the padding's crop receive nothing:
+    zeros.
 
     >>> import replicate.numpy as rnp
     >>> rnp.conv_transpose2d(rnp.ones((1, 1, 2, 2)), rnp.ones((1, 1, 2, 2)), stride=2).tolist()
@@ -154,38 +172,27 @@ def conv_transpose2d(x, w, stride=1, padding=0, output_padding=0, dilation=1):
     if w.ndim != 4 or x.ndim != 4 or w.shape[0] != x.shape[1]:
         raise ReplicateError(f"conv_transpose2d: input {x.shape} (NCHW) and weight {w.shape} "
                              "(in, out, kH, kW) do not fit")
-    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
-    extra, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
-    if 0 in stride or 0 in dilation:
-        raise ReplicateError("stride and dilation must be positive")
+    geometry = _geometry(stride, padding, dilation)
+    stride, dilation = geometry["stride"], geometry["dilation"]
+    padding, extra = _pair(padding, "padding"), _pair(output_padding, "output_padding")
     if any(e >= max(s, d) for e, s, d in zip(extra, stride, dilation)):
         raise ReplicateError(f"output_padding {extra} must be smaller than the stride {stride} "
                              f"or the dilation {dilation}")
-    n, c, h, wd = x.shape
-    o, kh, kw = w.shape[1:]
+    if w.shape[2] <= 0 or w.shape[3] <= 0:
+        raise ReplicateError(f"the window {w.shape[2:]} must be at least 1 x 1")
     size = [(i - 1) * s - 2 * p + d * (k - 1) + e + 1 for i, s, p, d, k, e in
-            zip((h, wd), stride, padding, dilation, (kh, kw), extra)]
+            zip(x.shape[2:], stride, padding, dilation, w.shape[2:], extra)]
     if min(size) <= 0:
         raise ReplicateError(f"conv_transpose2d: the output would be {tuple(size)}")
-    (sh, sw), (dh, dw) = stride, dilation
-    cols = einsum("nchw,cok->knohw", x, reshape(w, (c, o, kh * kw)))
-    qh, qw = h + dh * (kh - 1) // sh, wd + dw * (kw - 1) // sw  # each phase's rows, columns
-    phases = {}
-    for i in range(kh):
-        for j in range(kw):
-            (m, a), (q, b) = divmod(i * dh, sh), divmod(j * dw, sw)
-            part = pad(cols[i * kw + j], ((0, 0), (0, 0), (m, qh - h - m), (q, qw - wd - q)))
-            phases[a, b] = part if (a, b) not in phases else phases[a, b] + part
-    zero = broadcast_to(as_array(0, cols.dtype), (n, o, qh, qw))
-    grid = stack([stack([phases.get((a, b), zero) for b in range(sw)], -1) for a in range(sh)],
-                 3)  # (N, O, qh, sh, qw, sw)
-    grid = reshape(grid, (n, o, qh * sh, qw * sw))
-    (ph, pw), (oh, ow) = padding, size
-    grid = grid[:, :, ph:ph + oh, pw:pw + ow]
-    short = (oh - grid.shape[2], ow - grid.shape[3])  # output_padding past the last pixel
+    # the convolution whose input gradient this is: padding (p, p - e) maps ``size`` onto x's
+    # H, W; where e > p the last e - p rows get no contribution and are padded on as zeros
+    short = [max(e - p, 0) for e, p in zip(extra, padding)]
+    geometry["padding"] = tuple((p, max(p - e, 0)) for p, e in zip(padding, extra))
+    out = bind("conv2d_input_grad", x, w, size=tuple(n - t for n, t in zip(size, short)),
+               **geometry)
     if any(short):
-        grid = pad(grid, ((0, 0), (0, 0), (0, short[0]), (0, short[1])))
-    return grid
+        out = pad(out, ((0, 0), (0, 0), (0, short[0]), (0, short[1])))
+    return out
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
@@ -202,9 +209,17 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    """Average pooling over NCHW windows (padding counts as zeros, as in PyTorch's default)."""
-    x = as_array(x)
-    kernel = _pair(kernel_size, "kernel_size")
-    cols, _ = _windows(x, kernel, _pair(stride or kernel_size, "stride"),
-                       _pair(padding, "padding"), (1, 1))
-    return mean(cols, axis=2)
+    """Average pooling over NCHW windows (padding counts as zeros, as in PyTorch's default): each
+    channel convolved with a window of ones, over the window's size. An integer or bool input
+    averages in float64 (as ``mean``)."""
+    x = float_operand(x)
+    if x.ndim != 4:
+        raise ReplicateError(f"expected an NCHW input, got shape {x.shape}")
+    kh, kw = _pair(kernel_size, "kernel_size")
+    geometry = _geometry(_pair(stride or kernel_size, "stride"), padding, 1)
+    _check_window(x.shape[2:], (kh, kw), geometry)
+    n, c, h, wd = x.shape
+    oh, ow = out_size((h, wd), (kh, kw), **geometry)
+    ones = broadcast_to(as_array(1, x.dtype), (1, 1, kh, kw))
+    sums = bind("conv2d", reshape(x, (n * c, 1, h, wd)), ones, **geometry)
+    return reshape(sums, (n, c, oh, ow)) / (kh * kw)

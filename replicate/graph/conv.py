@@ -1,0 +1,191 @@
+"""2-D convolution as three primitives: the convolution and its two gradients.
+
+* ``conv2d(x, w)``: NCHW input ``x``, OIHW weights ``w``, the cross-correlation of
+  ``torch.nn.functional.conv2d`` (one group);
+* ``conv2d_input_grad(g, w)``: the transpose of ``x -> conv2d(x, w)`` applied to ``g``, of the
+  input's spatial ``size`` (the transposed convolution);
+* ``conv2d_weight_grad(x, g)``: the transpose of ``w -> conv2d(x, w)`` applied to ``g``, of the
+  weights' spatial ``kernel``.
+
+All three share the geometry attributes: ``stride`` (sh, sw), ``padding`` ((top, bottom),
+(left, right)), non-negative, and ``dilation`` (dh, dw). Each is linear in each operand, so the
+gradient of each is the other two with the same geometry (``vjp_rules.py``): closed under
+differentiation, to any order.
+
+This module holds their shape rules and their reference rows, written for any NumPy-like array
+module with ``lib.stride_tricks.as_strided`` (NumPy, CuPy): im2col is a strided view of the
+padded input copied once into (N, C*KH*KW, OH*OW), the convolution one batched GEMM (``matmul``)
+on it; the input gradient is one GEMM and a col2im that adds each kernel offset's slice into the
+result (no scatter); the weight gradient one GEMM against the im2col of the input.
+
+>>> import numpy as np
+>>> conv2d_row(np)(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)), stride=(1, 1),
+...                padding=((0, 0), (0, 0)), dilation=(1, 1)).tolist()
+[[[[4.0, 4.0], [4.0, 4.0]]]]
+"""
+
+from __future__ import annotations
+
+from ..errors import ShapeError
+from .aval import AVal
+from .shape_rules import _same_dtype
+
+
+def out_size(size, kernel, stride, padding, dilation) -> tuple:
+    """The output's spatial size: per axis ``(n + lo + hi - d (k - 1) - 1) // s + 1``, or a
+    number below 1 where the dilated window is larger than the padded input."""
+    return tuple((n + lo + hi - d * (k - 1) - 1) // s + 1 if n + lo + hi >= d * (k - 1) + 1
+                 else 0 for n, k, s, (lo, hi), d in zip(size, kernel, stride, padding, dilation))
+
+
+def _check_geometry(stride, padding, dilation):
+    if len(stride) != 2 or len(dilation) != 2 or len(padding) != 2 or \
+            any(len(p) != 2 for p in padding):
+        raise ShapeError(f"conv geometry: stride {stride}, padding {padding}, dilation "
+                         f"{dilation} are not pairs")
+    if min(stride) < 1 or min(dilation) < 1 or min(min(p) for p in padding) < 0:
+        raise ShapeError(f"conv geometry: stride {stride} and dilation {dilation} must be "
+                         f"positive, padding {padding} non-negative")
+
+
+def _rank4(*avals):
+    for a in avals:
+        if len(a.shape) != 4:
+            raise ShapeError(f"a 2-D convolution's operands are of rank 4, got {a.shape}")
+
+
+def _output(x_shape, kernel, stride, padding, dilation):
+    if min(kernel) < 1:
+        raise ShapeError(f"the window {tuple(kernel)} must be at least 1 x 1")
+    size = out_size(x_shape[2:], kernel, stride, padding, dilation)
+    if min(size) < 1:
+        raise ShapeError(f"window {tuple(kernel)} (dilation {tuple(dilation)}) is larger than "
+                         f"the padded input {x_shape[2:]} (padding {padding})")
+    return size
+
+
+def conv2d_shape(x, w, *, stride, padding, dilation):
+    _rank4(x, w)
+    _check_geometry(stride, padding, dilation)
+    if x.shape[1] != w.shape[1]:
+        raise ShapeError(f"input {x.shape} (NCHW) and weight {w.shape} (OIHW) do not fit")
+    size = _output(x.shape, w.shape[2:], stride, padding, dilation)
+    return AVal((x.shape[0], w.shape[0]) + size, _same_dtype(x, w))
+
+
+def conv2d_input_grad_shape(g, w, *, size, stride, padding, dilation):
+    _rank4(g, w)
+    _check_geometry(stride, padding, dilation)
+    x_shape = (g.shape[0], w.shape[1]) + tuple(size)
+    out = _output(x_shape, w.shape[2:], stride, padding, dilation)
+    if g.shape[1] != w.shape[0] or tuple(g.shape[2:]) != out:
+        raise ShapeError(f"{g.shape} is not the shape of a convolution of {x_shape} with weights "
+                         f"{w.shape} (its output is {(g.shape[0], w.shape[0]) + out})")
+    return AVal(x_shape, _same_dtype(g, w))
+
+
+def conv2d_weight_grad_shape(x, g, *, kernel, stride, padding, dilation):
+    _rank4(x, g)
+    _check_geometry(stride, padding, dilation)
+    out = _output(x.shape, kernel, stride, padding, dilation)
+    if g.shape[0] != x.shape[0] or tuple(g.shape[2:]) != out:
+        raise ShapeError(f"{g.shape} is not the shape of a convolution of {x.shape} with a "
+                         f"{tuple(kernel)} kernel (its output is {(x.shape[0], g.shape[1]) + out})")
+    return AVal((g.shape[1], x.shape[1]) + tuple(kernel), _same_dtype(x, g))
+
+
+# -- the reference rows ---------------------------------------------------------------------------
+def _padded(xp, x, padding):
+    (top, bottom), (left, right) = padding
+    if not (top or bottom or left or right):
+        return x
+    n, c, h, w = x.shape
+    out = xp.zeros((n, c, h + top + bottom, w + left + right), x.dtype)
+    out[:, :, top:top + h, left:left + w] = x
+    return out
+
+
+def _windows(xp, x, kernel, stride, padding, dilation):
+    """The im2col view of ``x``: (N, C, KH, KW, OH, OW), element ``[n, c, a, b, i, j]`` the padded
+    input at row ``i * sh + a * dh``, column ``j * sw + b * dw``; no copy but the padding."""
+    x = _padded(xp, x, padding)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    oh, ow = out_size(x.shape[2:], kernel, stride, ((0, 0), (0, 0)), dilation)
+    s_n, s_c, s_h, s_w = x.strides
+    return xp.lib.stride_tricks.as_strided(
+        x, (x.shape[0], x.shape[1], kh, kw, oh, ow),
+        (s_n, s_c, s_h * dh, s_w * dw, s_h * sh, s_w * sw))
+
+
+def conv2d_row(xp):
+    def conv2d(x, w, stride, padding, dilation):
+        (n, c), (o, _, kh, kw) = x.shape[:2], w.shape
+        view = _windows(xp, x, (kh, kw), stride, padding, dilation)
+        oh, ow = view.shape[4:]
+        cols = xp.ascontiguousarray(view).reshape(n, c * kh * kw, oh * ow)
+        # one GEMM per image, into NCHW: measured faster than one (N*OH*OW, C*KH*KW) GEMM and
+        # the transposes it needs (bench/conv.py's shapes, 1 thread)
+        return xp.matmul(w.reshape(o, c * kh * kw), cols).reshape(n, o, oh, ow)
+    return conv2d
+
+
+def _spans(size, kernel, stride, padding, dilation, out):
+    """Per kernel offset along one axis: (first output index, end, first input index) of the
+    outputs whose window row at that offset falls inside the input (not in the padding)."""
+    (lo, _), spans = padding, []
+    for a in range(kernel):
+        first = max(0, -(-(lo - a * dilation) // stride))
+        end = min(out, (lo + size - 1 - a * dilation) // stride + 1)
+        spans.append((first, end, a * dilation + first * stride - lo) if first < end else None)
+    return spans
+
+
+def conv2d_input_grad_row(xp):
+    def conv2d_input_grad(g, w, size, stride, padding, dilation):
+        """col2im: one GEMM gives every kernel offset's contribution, (N, KH, KW, C, OH, OW)
+        (each offset's share a contiguous block per image: faster to add than (N, C, KH, KW,
+        OH, OW)); each offset's share is added into the strided rows and columns it came from.
+        With one output channel (``avg_pool2d``) the share is ``g`` times the weight: no GEMM."""
+        n, o, oh, ow = g.shape
+        c, kh, kw = w.shape[1:]
+        if o == 1:
+            def share(a, b, i, j):
+                return g[:, :, i, j] * w[:, :, a, b].reshape(1, c, 1, 1)
+        else:
+            wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh * kw * c, o)
+            cols = xp.matmul(wt, g.reshape(n, o, oh * ow)).reshape(n, kh, kw, c, oh, ow)
+
+            def share(a, b, i, j):
+                return cols[:, a, b, :, i, j]
+        dx = xp.zeros((n, c) + tuple(size), xp.result_type(g, w))
+        rows = _spans(size[0], kh, stride[0], padding[0], dilation[0], oh)
+        columns = _spans(size[1], kw, stride[1], padding[1], dilation[1], ow)
+        (sh, sw) = stride
+        for a, r in enumerate(rows):
+            for b, q in enumerate(columns):
+                if r is None or q is None:
+                    continue
+                (i0, i1, h0), (j0, j1, w0) = r, q
+                dx[:, :, h0:h0 + (i1 - i0 - 1) * sh + 1:sh, w0:w0 + (j1 - j0 - 1) * sw + 1:sw] \
+                    += share(a, b, slice(i0, i1), slice(j0, j1))
+        return dx
+    return conv2d_input_grad
+
+
+def conv2d_weight_grad_row(xp):
+    def conv2d_weight_grad(x, g, kernel, stride, padding, dilation):
+        """One GEMM: g as (O, N*OH*OW) against the im2col of x as (C*KH*KW, N*OH*OW)."""
+        (n, o, oh, ow), c, (kh, kw) = g.shape, x.shape[1], kernel
+        view = _windows(xp, x, kernel, stride, padding, dilation)
+        cols = xp.ascontiguousarray(view.transpose(1, 2, 3, 0, 4, 5))
+        cols = cols.reshape(c * kh * kw, n * oh * ow)
+        gt = xp.ascontiguousarray(g.transpose(1, 0, 2, 3)).reshape(o, n * oh * ow)
+        return xp.matmul(gt, cols.T).reshape((o, x.shape[1]) + tuple(kernel))
+    return conv2d_weight_grad
+
+
+ROWS = {"conv2d": conv2d_row, "conv2d_input_grad": conv2d_input_grad_row,
+        "conv2d_weight_grad": conv2d_weight_grad_row}
+
+__all__ = ["ROWS", "conv2d_input_grad_shape", "conv2d_shape", "conv2d_weight_grad_shape",
+           "out_size"]
