@@ -5,6 +5,7 @@ input, faults, stalls in input_fn — tests/programs/faults_mpi.py.)"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
@@ -304,3 +305,12 @@ def test_on_input_thread_flag():
 
     rp.Replicator(input_fn, lambda x: {"s": x.sum()}, prefetch=1).run(3)
     assert flags[0] is False and True in flags[1:]
+
+
+def test_the_gil_switch_interval_is_short_only_while_input_runs_ahead():
+    before = sys.getswitchinterval()
+    rep = rp.Replicator(_counting_input({}), lambda x: {"s": x.sum()}, prefetch=1)
+    rep.run(2)
+    assert sys.getswitchinterval() <= prefetch_mod.SWITCH
+    rep._prefetcher.close()
+    assert _wait_for(lambda: sys.getswitchinterval() == before)
