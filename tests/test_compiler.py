@@ -291,15 +291,52 @@ def test_bucket_compression_casts_the_buffer():
 
 
 def test_dependent_all_reduces_never_share_a_bucket():
-    # cross-replica BatchNorm: the variance's all-reduce needs the mean's result
+    # a two-pass variance: the second all-reduce needs the first one's result
+    def step(x):
+        m = rp.all_reduce(x.mean(0), "mean")
+        v = rp.all_reduce(((x - m) ** 2).mean(0), "mean")
+        return (v * m).sum()
+    graph = _two_process_graph(step, [np.ones((3, 4)), np.ones((3, 4))], k=2)
+    g = compile_graph(graph, NULL, CompileOptions()).graph
+    assert sum(n.prim == "comm_start" for n in g.nodes) == 2
+    validate(g)
+
+
+def test_batchnorm_statistics_travel_in_one_bucket():
+    # cross-replica BatchNorm reduces E[x] and E[x^2], independent of each other: one exchange
     bn = rp.nn.BatchNorm(4, cross_replica=True)
 
     def step(x):
         return bn(x).sum()
     graph = _two_process_graph(step, [np.ones((3, 4)), np.ones((3, 4))], k=2)
     g = compile_graph(graph, NULL, CompileOptions()).graph
-    assert sum(n.prim == "comm_start" for n in g.nodes) == 2
+    starts = [n for n in g.nodes if n.prim == "comm_start"]
+    assert len(starts) == 1 and starts[0].out.size == 8
     validate(g)
+
+
+def test_gradients_behind_batchnorm_all_reduces_share_one_bucket():
+    """The parameters before and after a cross-replica BatchNorm have gradients behind different
+    numbers of all-reduces, yet none needs another's result: one bucket (they were one bucket
+    per parameter — each a cut in the JAX program). The BatchNorm statistics stay apart."""
+    lin1, bn, lin2 = rp.nn.Linear(4, 8), rp.nn.BatchNorm(8, cross_replica=True), rp.nn.Linear(8, 1)
+    params = [*lin1.parameters().values(), *bn.parameters().values(),
+              *lin2.parameters().values()]
+
+    def step(x):
+        loss = (lin2(rnp.tanh(bn(lin1(x)))) ** 2).mean()
+        grads = rp.all_reduce(rp.grad(loss, params), "mean")
+        for p, g in zip(params, grads):
+            p.assign(p - 0.1 * g)
+        return loss
+    graph = _two_process_graph(step, [np.ones((3, 4), np.float32)] * 2, k=2)
+    g = compile_graph(graph, NULL, CompileOptions()).graph
+    validate(g)
+    starts = [n for n in g.nodes if n.prim == "comm_start"]
+    sizes = sorted(n.out.size for n in starts)
+    n_grad = sum(int(np.prod(p.shape)) for p in params)
+    assert n_grad in sizes  # every gradient in one flat buffer
+    assert len(starts) <= 1 + 4  # plus BatchNorm's forward and backward statistics
 
 
 def test_cse_merges_the_k_identical_optimizer_updates():

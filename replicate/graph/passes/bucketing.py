@@ -1,11 +1,14 @@
 """Gradient bucketing: many small cross-process all-reduces become a few flat buffers.
 
-The ``mpi_allreduce`` nodes that the collective rewrite produced are grouped by reduction op,
-dtype and *depth* (how many all-reduces lie on the path to them: an all-reduce whose input needs
-another one's result — cross-replica BatchNorm's variance after its mean — can never share its
-bucket). Within a group they are taken in the order their inputs become ready (the backward pass
-makes the last layer's gradient first) and packed into buckets of at most ``bucket_bytes``;
-a bucket closes early where one of its results is needed before the next gradient is ready.
+The ``mpi_allreduce`` nodes that the collective rewrite produced are grouped by reduction op
+and dtype. Within a group they are taken in the order their inputs become ready (the backward
+pass makes the last layer's gradient first) and packed into buckets of at most ``bucket_bytes``;
+a bucket closes where one of its results is needed before the next gradient is ready. That rule
+also keeps dependent all-reduces apart — one whose input needs another's result (cross-replica
+BatchNorm's variance after its mean) is ready only after that result's first use — without
+splitting independent ones: gradients behind different numbers of BatchNorm all-reduces share a
+bucket (grouping them by that number, as before, left a small conv GAN with 20 one-tensor
+gradient all-reduces, each a cut in the JAX program).
 
 Each bucket is emitted as soon as its last gradient exists: the in-process combine of its members
 (``local_reduce``, hoisted from where the user called ``all_reduce``), a flat ``concatenate``, an
@@ -44,14 +47,10 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
         for x in n.inputs:
             users.setdefault(x.id, []).append(i)
     out_ids = {o.id for o in graph.outputs}
-    depth: dict[int, int] = {}
     groups: dict[tuple, list[_Member]] = {}
     for node in nodes:
-        d = max((depth.get(x.id, 0) for x in node.inputs), default=0)
         if node.prim != "mpi_allreduce":
-            depth[node.out.id] = d
             continue
-        depth[node.out.id] = d + 1
         src = node.inputs[0]
         pre = None
         p = index.get(src.id)
@@ -63,7 +62,7 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
         first_use = min(users.get(node.out.id, [len(nodes)]))
         if node.out.id in out_ids:
             first_use = min(first_use, len(nodes))
-        key = (node.attrs["op"], node.out.dtype.str, d)
+        key = (node.attrs["op"], node.out.dtype.str)  # (dependent ones: see needed_by below)
         groups.setdefault(key, []).append(_Member(node, pre, ready, first_use))
     buckets = []
     for members in groups.values():
@@ -87,6 +86,7 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
               overlap: bool = True) -> Graph:
     if bucket_bytes <= 0 or not any(n.prim == "mpi_allreduce" for n in graph.nodes):
         return graph
+    graph = communication_first(graph)
     buckets = plan_buckets(graph, bucket_bytes)
     moved = {id(m.node) for b in buckets for m in b} | \
         {id(m.pre) for b in buckets for m in b if m.pre is not None}
@@ -163,6 +163,24 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
                 finish(b)
     graph = rb.finish()
     return sink_waits(graph) if overlap else graph
+
+
+def communication_first(graph: Graph) -> Graph:
+    """Order the all-reduces and everything they need before everything else (the optimiser
+    updates, the outputs), each part in its old order — still a valid order, since what an
+    all-reduce needs needs only such nodes. Traced with several replicas per process, a
+    gradient's update can sit between the next gradients' computations; a bucket must close
+    before the first use of its results, so that order gave one bucket per gradient."""
+    needed: set[int] = set()
+    for node in reversed(graph.nodes):
+        if node.prim == "mpi_allreduce" or node.out.id in needed:
+            needed.update(x.id for x in node.inputs)
+            needed.add(node.out.id)
+    first = [n for n in graph.nodes if n.out.id in needed]
+    if len(first) == len(graph.nodes):
+        return graph
+    rest = [n for n in graph.nodes if n.out.id not in needed]
+    return Graph(graph.inputs, first + rest, graph.outputs, graph.meta.copy())
 
 
 def sink_waits(graph: Graph) -> Graph:
