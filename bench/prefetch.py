@@ -13,7 +13,7 @@ Rows: input alone, step alone (batches from a list), ``prefetch=0`` (input then 
 sequence) and ``prefetch=2`` (the default: input on a background thread); the fraction of the
 ideal rate is ``max(input, step) / measured``. The issue's target: >= 0.9 with prefetch.
 
-    python bench/prefetch.py [--steps 60] [--repeats 3]
+    python bench/prefetch.py [--steps 60] [--repeats 3] [--quick]
 """
 
 from __future__ import annotations
@@ -110,7 +110,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a smoke run (10 steps, 1 repeat)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 10, 1
     images, labels = make_images()
     step_fn = model()
     fixed = list(itertools.islice(augment_batches(images, labels, 0), 8))

@@ -1,7 +1,7 @@
 """Run every benchmark one after the other; collect their tables and wall times.
 
-    python bench/run_all.py            # about 15 minutes on a 2-core machine
-    python bench/run_all.py --quick    # smoke run of every script (about 2 minutes)
+    python bench/run_all.py            # about 20 minutes on a 2-core machine
+    python bench/run_all.py --quick    # smoke run of every script (about 3 minutes)
 
 Writes ``bench/results/latest.md`` (each script's tables and how long it took); the
 scale-out model runs last, as it reads the others' results.
@@ -18,7 +18,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = ["step_time.py", "conv.py", "allreduce.py", "weak_scaling.py", "fusion.py",
-           "compile_time.py", "eager_vs_graph.py", "mixed_precision.py", "scaleout_model.py"]
+           "compile_time.py", "eager_vs_graph.py", "mixed_precision.py", "scaleout_model.py",
+           "conv_gan.py", "prefetch.py"]
 
 
 def main(argv=None):
