@@ -116,11 +116,12 @@ def _raises_at(n):
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.parametrize("depth", [0, 2])
-def test_an_error_in_input_fn_reaches_the_step_that_needed_it(mode, depth):
-    rep = rp.Replicator(_raises_at(3), lambda x: {"s": x.sum()}, mode=mode, prefetch=depth)
-    with pytest.raises(ValueError, match="bad record 3") as info:
+@pytest.mark.parametrize("at", [0, 3])
+def test_an_error_in_input_fn_reaches_the_step_that_needed_it(mode, depth, at):
+    rep = rp.Replicator(_raises_at(at), lambda x: {"s": x.sum()}, mode=mode, prefetch=depth)
+    with pytest.raises(ValueError, match=f"bad record {at}") as info:
         rep.run(10)
-    assert rep.step == 3  # steps 1..3 used batches 0..2; step 4's batch raised
+    assert rep.step == at  # steps 1..at used batches 0..at-1; the next step's batch raised
     text = "".join(traceback.format_exception(info.value))
     assert "# THE LINE" in text and "test_prefetch.py" in text
     assert rep.run(5) == []  # the generator is finished: the input has run out

@@ -155,11 +155,8 @@ class Prefetcher:
             thread.join(timeout=5 * POLL)
 
 
-def start(iterators, depth: int):
-    """A ``Prefetcher`` over ``iterators`` (the first batches drawn here), or None for
-    ``depth == 0``."""
-    if depth == 0:
-        return None
+def start(iterators, depth: int) -> Prefetcher:
+    """A ``Prefetcher`` over ``iterators``, ``depth`` deep (the first batches drawn here)."""
     first = [next(it, None) for it in iterators]
     prefetcher = Prefetcher(iterators, depth, first)
     if any(b is None for b in first):

@@ -140,9 +140,6 @@ class Replicator:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
             self._iterators = [iter(self.input_fn(ctx)) for ctx in self.contexts]
-            self._prefetcher = prefetch.start(self._iterators, self.prefetch)
-            if self._prefetcher is not None:  # ends its thread when the Replicator goes
-                weakref.finalize(self, self._prefetcher.close)
         self._stop = False
         callbacks = list(callbacks)
         if metrics:
@@ -268,6 +265,9 @@ class Replicator:
         return None
 
     def _draw(self):
+        if self._prefetcher is None and self.prefetch:  # (its first batch drawn here, in the
+            self._prefetcher = prefetch.start(self._iterators, self.prefetch)  # step's try)
+            weakref.finalize(self, self._prefetcher.close)  # the thread ends with us
         if self._prefetcher is not None:
             return self._prefetcher.next()
         return [next(it, None) for it in self._iterators]
