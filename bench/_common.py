@@ -9,6 +9,7 @@ see the same cores. Workers write JSON; the parent prints the markdown tables.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -367,9 +368,29 @@ def write_worker_json(path: str, data) -> None:
         json.dump(data, f, default=_jsonable)
 
 
+def threads_main(argv, script: str, doc: str, worker, report):
+    """The ``main`` of a script measured once per thread count: ``--worker`` runs ``worker(args)``;
+    otherwise one worker process per ``--threads`` count, then ``report(results, command,
+    quick)`` (the markdown, or ``(markdown, summary)``) and, unless ``--quick``, the JSON."""
+    args = common_args(argparse.ArgumentParser(description=doc.splitlines()[0])).parse_args(argv)
+    if args.worker:
+        return worker(args)
+    name = os.path.basename(script)[:-3]
+    threads = [int(t) for t in args.threads.split(",")]
+    results = run_workers(os.path.abspath(script), threads, ["--quick"] if args.quick else [])
+    command = f"python bench/{name}.py" + (" --quick" if args.quick else "") + (
+        f" --threads {args.threads}" if args.threads != "1,2" else "")
+    text = report(results, command, args.quick)
+    if isinstance(text, tuple):
+        text = text[0]
+    if not args.quick:
+        save_json(name, {"machine": machine(), "results": results, "markdown": text})
+    return None
+
+
 def common_args(ap):
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repeats")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--worker", action="store_true", help=__import__("argparse").SUPPRESS)
-    ap.add_argument("--json", default=None, help=__import__("argparse").SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help=argparse.SUPPRESS)
     return ap

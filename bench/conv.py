@@ -17,38 +17,19 @@ natural peer; every row with PyTorch eager.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from step_time import _bind  # noqa: E402
+from step_time import conv_init as init  # noqa: E402 - the same initialisation
 
 LR = 0.01
 CFG = dict(batch=64, cin=1, hw=28, c1=16, c2=32, classes=10)
 PEER = {"replicate graph numpy": "hand-written NumPy", "replicate graph jax": "jax.jit",
         "replicate graph cupy": "PyTorch eager", "replicate eager (numpy)": "PyTorch eager"}
-
-
-def init(cfg, seed=0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    c0, c1, c2, hw = cfg["cin"], cfg["c1"], cfg["c2"], cfg["hw"]
-    flat = c2 * (hw // 2) ** 2
-    params = [
-        (rng.standard_normal((c1, c0, 3, 3)) * np.sqrt(2.0 / (c0 * 9))).astype(np.float32),
-        np.zeros(c1, np.float32),
-        (rng.standard_normal((c2, c1, 3, 3)) * np.sqrt(2.0 / (c1 * 9))).astype(np.float32),
-        np.zeros(c2, np.float32),
-        (rng.uniform(-1, 1, (flat, cfg["classes"])) * np.sqrt(6.0 / (flat + 10))).astype(
-            np.float32),
-        np.zeros(cfg["classes"], np.float32),
-    ]
-    x = rng.standard_normal((cfg["batch"], c0, hw, hw)).astype(np.float32)
-    y = rng.integers(0, cfg["classes"], cfg["batch"]).astype(np.int64)
-    return params, x, y
 
 
 # -- hand-written NumPy: im2col + GEMM, col2im, manual backprop -----------------------------------
@@ -245,10 +226,6 @@ def bench(quick):
                           extra_fn=lambda name, first: {"first_loss": float(np.asarray(first))})
 
 
-def _bind(fn, x, y):
-    return lambda: fn(x, y)
-
-
 def worker(args):
     C.worker_threads()
     rows = [r.as_dict() for r in bench(args.quick)]
@@ -260,7 +237,7 @@ TITLE = ("conv net (1x28x28, conv16 3x3, conv32 3x3, avg-pool 2, linear), batch 
          "float32")
 
 
-def report(results, command):
+def report(results, command, quick=False):
     parts = [C.header("Conv net step: replicate vs peers", command)]
     for threads, res in sorted(results.items()):
         rows = C.rows_from(res["rows"])
@@ -284,18 +261,7 @@ def report(results, command):
 
 
 def main(argv=None):
-    ap = C.common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    threads = [int(t) for t in args.threads.split(",")]
-    extra = ["--quick"] if args.quick else []
-    results = C.run_workers(os.path.abspath(__file__), threads, extra)
-    command = "python bench/conv.py --threads " + args.threads + (" --quick" if args.quick
-                                                                    else "")
-    text = report(results, command)
-    if not args.quick:
-        C.save_json("conv", {"machine": C.machine(), "results": results, "markdown": text})
+    return C.threads_main(argv, __file__, __doc__, worker, report)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ reference.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -188,18 +187,7 @@ def report(results, command, quick):
 
 
 def main(argv=None):
-    ap = C.common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    threads = [int(t) for t in args.threads.split(",")]
-    results = C.run_workers(os.path.abspath(__file__), threads,
-                            ["--quick"] if args.quick else [])
-    command = "python bench/eager_vs_graph.py" + (" --quick" if args.quick else "")
-    text = report(results, command, args.quick)
-    if not args.quick:
-        C.save_json("eager_vs_graph", {"machine": C.machine(), "results": results,
-                                       "markdown": text})
+    return C.threads_main(argv, __file__, __doc__, worker, report)
 
 
 if __name__ == "__main__":

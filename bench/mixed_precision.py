@@ -26,7 +26,6 @@ the same model.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -291,19 +290,7 @@ def report(results, command, quick):
 
 
 def main(argv=None):
-    ap = C.common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    threads = [int(t) for t in args.threads.split(",")]
-    extra = ["--quick"] if args.quick else []
-    results = C.run_workers(os.path.abspath(__file__), threads, extra)
-    command = "python bench/mixed_precision.py" + (" --quick" if args.quick else "") + (
-        f" --threads {args.threads}" if args.threads != "1,2" else "")
-    text, _ = report(results, command, args.quick)
-    if not args.quick:
-        C.save_json("mixed_precision", {"machine": C.machine(), "results": results,
-                                        "markdown": text})
+    return C.threads_main(argv, __file__, __doc__, worker, report)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Each backend or peer that cannot run here is a row with "n/a" and the reason.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -390,17 +389,7 @@ def report(results, command, quick):
 
 
 def main(argv=None):
-    ap = C.common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    threads = [int(t) for t in args.threads.split(",")]
-    extra = ["--quick"] if args.quick else []
-    results = C.run_workers(os.path.abspath(__file__), threads, extra)
-    command = "python bench/step_time.py" + (" --quick" if args.quick else "")
-    text, _ = report(results, command, args.quick)
-    if not args.quick:
-        C.save_json("step_time", {"machine": C.machine(), "results": results, "markdown": text})
+    return C.threads_main(argv, __file__, __doc__, worker, report)
 
 
 if __name__ == "__main__":
