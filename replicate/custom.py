@@ -150,11 +150,11 @@ class custom_vjp:  # noqa: N801 - the name users know from JAX
                 closed.setdefault(id(var), var)
 
         self._inside += 1
-        state.read_observers.append(observe)
+        state.read_observers().append(observe)
         try:
             result = self.fwd(*args)
         finally:
-            state.read_observers.remove(observe)
+            state.read_observers().remove(observe)
             self._inside -= 1
         if closed:
             names = ", ".join(repr(v.name) for v in closed.values())

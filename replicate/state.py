@@ -34,41 +34,34 @@ _counter = itertools.count()
 _serial = itertools.count()
 _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation order -> Variable
 
-# Called with each variable on an eager read while a Replicator runs (it syncs values from rank 0).
-eager_read_hook = None
-# Called with each variable read (traced or eager), innermost last: rp.custom_vjp finds the
-# Variables its fwd reads without taking them as arguments.
-read_observers: list = []
-# Called with each variable before an eager write while a Replicator runs (with check_finite it
-# keeps the old value, so a step whose update is not finite can be taken back).
-eager_write_hook = None
-# Set on the input-prefetch thread (runtime/prefetch.py): called with each Variable read there,
-# where the value may be steps old. The hooks above belong to the step's thread: never run here.
-_input_thread = threading.local()
+# Hooks on Variable access, each belonging to the thread that set it (thread-local: a step's
+# hooks never run for a read on another thread — the input-prefetch thread, a user's logger):
+# * ``hooks.read``: called with each variable on an eager read while a Replicator's eager step
+#   runs (it syncs values from rank 0);
+# * ``hooks.write``: called with each variable before an eager write while a Replicator runs
+#   (with check_finite it keeps the old value, so a step whose update is not finite can be
+#   taken back);
+# * ``hooks.observers``: called with each variable read (traced or eager), innermost last:
+#   rp.custom_vjp finds the Variables its fwd reads without taking them as arguments;
+# * ``hooks.input``: set on the input-prefetch thread (runtime/prefetch.py), called with each
+#   variable read there, where the value may be steps old.
+hooks = threading.local()
 
 
-def set_input_thread_hook(hook) -> None:
-    _input_thread.hook = hook
-
-
-def input_thread_hook():
-    return getattr(_input_thread, "hook", None)
+def read_observers() -> list:
+    """This thread's ``hooks.observers`` list."""
+    if not hasattr(hooks, "observers"):
+        hooks.observers = []
+    return hooks.observers
 
 
 def note_input_thread_reads(variables) -> None:
-    """A compiled call reads ``variables``' values directly: tell the prefetch thread's hook."""
-    hook = getattr(_input_thread, "hook", None)
+    """``variables`` are read (a compiled call reads their values directly): on the prefetch
+    thread, its hook hears of each."""
+    hook = getattr(hooks, "input", None)
     if hook is not None:
         for var in variables:
             hook(var)
-
-
-def _read_on_input_thread(var) -> bool:
-    hook = getattr(_input_thread, "hook", None)
-    if hook is None:
-        return False
-    hook(var)
-    return True
 
 
 class Variable:
@@ -141,14 +134,15 @@ class Variable:
 
     def read(self) -> Array:
         """The current value as an Array (a graph input when traced)."""
-        if read_observers:
-            for observe in read_observers:
-                observe(self)
+        for observe in getattr(hooks, "observers", ()):
+            observe(self)
         trace = current_trace()
         if trace is not None:
             return trace.read_variable(self)
-        if not _read_on_input_thread(self) and eager_read_hook is not None:
-            eager_read_hook(self)
+        note_input_thread_reads((self,))
+        sync = getattr(hooks, "read", None)
+        if sync is not None:
+            sync(self)
         if self._eager is None:
             if self.per_replica:  # eager mode: one replica per process
                 self.bind_replicas(1)
@@ -169,8 +163,9 @@ class Variable:
         if trace is not None:
             trace.write_variable(self, new)
             return
-        if eager_write_hook is not None and input_thread_hook() is None:
-            eager_write_hook(self)
+        remember = getattr(hooks, "write", None)
+        if remember:  # (False: a Replicator without check_finite)
+            remember(self)
         if self.per_replica:  # (outside a step: every replica of this process)
             self.value = np.repeat(new.value[None], self.value.shape[0], axis=0)
             self._fresh = False
@@ -205,7 +200,7 @@ class Variable:
         replica order (before a step used it, its starting value, ``(1, ...)``)."""
         if current_trace() is not None:
             self._refuse_in_trace("w.numpy()")
-        _read_on_input_thread(self)
+        note_input_thread_reads((self,))
         return self.value
 
     # -- Python conversions read the value (graph mode: the tracer error at the user's line); an

@@ -315,3 +315,61 @@ def test_the_gil_switch_interval_is_short_only_while_input_runs_ahead():
     assert sys.getswitchinterval() <= prefetch_mod.SWITCH
     rep._prefetcher.close()
     assert _wait_for(lambda: sys.getswitchinterval() == before)
+
+
+def test_a_users_own_thread_reading_variables_never_runs_the_steps_hooks():
+    """The hooks on Variable access belong to the thread that set them: a logging thread reading
+    a parameter while an eager step runs must not trigger the step's sync (an exchange)."""
+    w = rp.Variable(np.ones(2), name="w_logger")
+    seen, stop = [], threading.Event()
+
+    def logger():
+        while not stop.is_set():
+            w.read()
+            w.numpy()
+
+    rep = rp.Replicator(lambda ctx: iter([np.ones(2)] * 50), lambda x: {"s": (x * w).sum()},
+                        mode="eager", prefetch=0)
+    real = rep._sync_variable
+    rep._sync_variable = lambda var: (seen.append(threading.current_thread().name),
+                                      real(var))[1]
+    thread = threading.Thread(target=logger, name="logger")
+    thread.start()
+    try:
+        rep.run()
+    finally:
+        stop.set()
+        thread.join()
+    assert seen and set(seen) == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_an_input_fn_that_refills_one_buffer_gets_the_right_batches(mode):
+    """A PyTorch/C habit: fill one preallocated buffer and yield it each time. With input made
+    ahead, the next fill would overwrite a batch still waiting for its step — silently wrong
+    data; each batch is taken as it was when yielded."""
+    def input_fn(ctx):
+        buf = np.empty(3)
+        for i in range(8):
+            buf[:] = i
+            yield buf
+
+    sums = {}
+    for depth in (0, 2):
+        hist = rp.Replicator(input_fn, lambda x: {"s": x.sum()}, mode=mode,
+                             prefetch=depth).run()
+        sums[depth] = [float(h["s"]) for h in hist]
+    assert sums[0] == sums[2] == [3.0 * i for i in range(8)]
+
+
+def test_a_refilled_torch_buffer_too():
+    torch = pytest.importorskip("torch", reason="PyTorch not installed (optional)")
+
+    def input_fn(ctx):
+        buf = torch.empty(3, dtype=torch.float64)
+        for i in range(6):
+            buf.fill_(i)
+            yield buf
+
+    hist = rp.Replicator(input_fn, lambda x: {"s": x.sum()}, prefetch=2).run()
+    assert [float(h["s"]) for h in hist] == [3.0 * i for i in range(6)]

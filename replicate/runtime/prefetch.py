@@ -17,6 +17,10 @@ What stays as without prefetch:
   batch, with ``input_fn``'s own frames in its traceback (the rank and line are named as
   before); input that runs out ends the run at the same step, on every rank (the agreement at
   each step start is unchanged).
+* **Each batch as it was yielded.** A generator that refills one buffer and yields it again
+  (a habit from C and PyTorch) would overwrite a batch still waiting for its step: the
+  prefetcher keeps a copy of each yielded array (NumPy, or another library's, via DLPack)
+  made before the generator runs on — one copy per batch, on the background thread.
 * **Resume.** ``restore`` (a new ``ctx.start_step``) closes the thread and starts from new
   iterators.
 
@@ -34,8 +38,11 @@ import sys
 import threading
 import warnings
 
-from .. import state
+import numpy as np
+
+from .. import state, tree
 from ..errors import ReplicateError
+from ..interop import from_foreign, is_foreign
 
 POLL = 0.1  # seconds between checks for a closed prefetcher while the queue is full
 # While an input thread runs, Python hands the GIL over every SWITCH seconds (default 5 ms): a
@@ -66,9 +73,23 @@ def parse_prefetch(value) -> int:
     return value
 
 
+def _own(x):
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if is_foreign(x):
+        return np.array(from_foreign(x), copy=True)
+    return x
+
+
+def _draw(iterators) -> list:
+    """Every iterator's next batch (None where it ran out), its arrays copied."""
+    return [None if b is None else tree.tree_map(_own, b)
+            for b in (next(it, None) for it in iterators)]
+
+
 def on_input_thread() -> bool:
     """True on a prefetch thread (running ``input_fn`` ahead of the steps)."""
-    return state.input_thread_hook() is not None
+    return getattr(state.hooks, "input", None) is not None
 
 
 class Prefetcher:
@@ -86,20 +107,21 @@ class Prefetcher:
         self._last = None  # the list that ended the input, once seen
         self._warned: set = set()
         self._lock = threading.Lock()  # drawing a list and counting it are one step
-        self._made, self._taken = 1, 0  # lists of batches drawn, handed to the steps
+        complete = all(b is not None for b in first)
+        self._made, self._taken = int(complete), 0  # lists of batches drawn, handed to the steps
         self._thread = None
-        if all(b is not None for b in first):
+        if complete:
             self._thread = threading.Thread(target=self._produce, name="replicate-prefetch",
                                             daemon=True)
             self._thread.start()
 
     def _produce(self):
-        state.set_input_thread_hook(self._variable_read)
+        state.hooks.input = self._variable_read
         _switch_interval(+1)
         try:
             while not self._closed.is_set():
                 with self._lock:
-                    batches = [next(it, None) for it in self.iterators]
+                    batches = _draw(self.iterators)
                     self._made += all(b is not None for b in batches)
                 if not self._put(("batches", batches)) or any(b is None for b in batches):
                     return
@@ -157,11 +179,7 @@ class Prefetcher:
 
 def start(iterators, depth: int) -> Prefetcher:
     """A ``Prefetcher`` over ``iterators``, ``depth`` deep (the first batches drawn here)."""
-    first = [next(it, None) for it in iterators]
-    prefetcher = Prefetcher(iterators, depth, first)
-    if any(b is None for b in first):
-        prefetcher._made = 0
-    return prefetcher
+    return Prefetcher(iterators, depth, _draw(iterators))
 
 
 def refuse_exchange(what: str) -> None:

@@ -301,15 +301,15 @@ class Replicator:
 
     # -- eager ----------------------------------------------------------------------------------
     def _eager_step(self, batch):
-        previous = state.eager_read_hook, state.eager_write_hook
-        state.eager_read_hook = self._sync_variable
-        state.eager_write_hook = self._journal.remember if self.check_finite else None
+        hooks = state.hooks  # (this thread's)
+        previous = getattr(hooks, "read", None), getattr(hooks, "write", None)
+        hooks.read, hooks.write = self._sync_variable, self.check_finite and self._journal.remember
         self._journal.clear()
         try:
             with replica_scope(self.contexts[0]):
                 out = self.step_fn(tree.tree_map(as_array, batch))
         finally:
-            state.eager_read_hook, state.eager_write_hook = previous
+            hooks.read, hooks.write = previous
         leaves, treedef = tree.flatten(out)
         self._out_tree = treedef
         return [to_numpy(x) for x in leaves]
