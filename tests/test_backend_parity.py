@@ -336,6 +336,10 @@ def two_process_main(backend):
     assert_nests_same(params, want_params, "parameters")
     prims = {n.prim for n in rep.executable().graph.nodes}
     assert {"comm_start", "comm_wait"} <= prims, sorted(prims)
+    if backend == "jax":  # communication runs inside the one jitted program of the step
+        from replicate.backends.jax_host import available
+        kernels = rep.executable().kernels
+        assert len(kernels) == 1 or not available(), kernels
     print(f"rank {rep.rank}: parity ok on {backend}", flush=True)
 
 
@@ -421,9 +425,12 @@ def test_jax_output_views_come_back_without_a_copy():
 
 
 @only_jax
-def test_jax_host_handles_pass_between_host_nodes(monkeypatch):
+@pytest.mark.parametrize("in_jit", [True, False], ids=["callbacks", "segments"])
+def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
     """A host node may return a handle (say, an in-flight communication) that only another host
-    node reads: the backend passes it along untouched, and the device values around it."""
+    node reads: the backend passes it along untouched, and the device values around it. By
+    default the host nodes are ordered callbacks inside one jit; cut into segments, the same."""
+    from replicate.backends import jax_backend
     from replicate.backends.jax_backend import lower
     from replicate.graph import primitives
     from replicate.graph.core import Array, AVal, Graph, Node
@@ -464,15 +471,24 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch):
     t = node("fake_wait", s.out, b.out)
     c = node("add", t.out, b.out)
     graph = Graph([x], [a, s, b, t, c], [c.out, b.out])
+    monkeypatch.setattr(jax_backend, "HOST_IN_JIT", in_jit)
     exe = lower(graph)
-    assert exe.kernels == ["jit[1 ops]", "host[fake_start]", "jit[1 ops]", "host[fake_wait]",
-                           "jit[1 ops]"]
+    assert exe.kernels == (["jit[5 ops]"] if in_jit else [
+        "jit[1 ops]", "host[fake_start]", "jit[1 ops]", "host[fake_wait]", "jit[1 ops]"])
     v = np.array([0.0, 0.5, -1.0])
     for _ in range(2):
         out, th = exe([v])
         np.testing.assert_allclose(out, 2 * np.exp(v) + np.tanh(v), rtol=1e-12)
         np.testing.assert_allclose(th, np.tanh(v), rtol=1e-12)
-    assert exe.run.traces == 3
+    assert exe.run.traces == (1 if in_jit else 3)
+    assert len(started) == 2 and not exe.run.calls.values  # every handle was consumed
+
+    def failing_wait(h, *others):
+        raise ConnectionError("peer gone")  # say, a communication failure
+    monkeypatch.setitem(IMPL, "fake_wait", failing_wait)
+    exe = lower(graph)
+    with pytest.raises(ConnectionError, match="peer gone"):  # the rule's own exception
+        exe([v])
 
 
 @only_jax

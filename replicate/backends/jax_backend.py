@@ -34,6 +34,7 @@ from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
 from .base import Executable
+from .jax_host import HostCalls, available, opaque_values
 from .jax_impl import JAX, apply
 
 name = "jax"
@@ -51,6 +52,9 @@ DONATE: bool | None = None
 # (a table or data set the step closes over) are moved to the device once and passed in.
 INLINE_CONST_BYTES = 1 << 16
 INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with arrays
+# Host nodes (communication) run inside the jit as ordered callbacks (``jax_host.py``): one
+# program per step. False: the graph is cut at each host node into jitted segments.
+HOST_IN_JIT = True
 
 
 def is_host(node) -> bool:
@@ -60,9 +64,9 @@ def is_host(node) -> bool:
 class _Segment:
     """A maximal run of device nodes, lowered to one jitted function."""
 
-    def __init__(self, nodes, reads, writes, donate, program):
+    def __init__(self, nodes, reads, writes, donate, program, apply=apply):
         self.nodes, self.reads, self.writes, self.donate = nodes, reads, writes, donate
-        self.program = program
+        self.program, self.apply = program, apply
         # XLA clamps an out-of-range gather index (a silently wrong value): a segment that
         # indexes with arrays is checked (checkify) and the host raises IndexError instead
         self.gathers = [n for n in nodes if n.prim in INDEXING and len(n.inputs) > 1]
@@ -88,7 +92,8 @@ class _Segment:
 
     def _body(self, *args):
         self.program.traces += 1
-        env = eval_nodes(self.nodes, dict(zip(self.reads, args)), apply)
+        self.program.calls.begin()
+        env = eval_nodes(self.nodes, dict(zip(self.reads, args)), self.apply)
         return tuple(env[i] for i in self.writes)
 
     def first_call(self, args):
@@ -156,10 +161,16 @@ class JaxProgram:
         avals.update((n.out.id, n.out.aval) for n in nodes)
         graph_inputs = {x.id for x in graph.inputs}
         self.steps, self.kernels, self.donated = [], [], set()
+        self.calls = HostCalls()
+        cuts, seg_apply = is_host, apply
+        if HOST_IN_JIT and available():
+            cuts = _never
+            opaque = opaque_values(nodes, is_host, {o.id for o in graph.outputs})
+            seg_apply = self._host_apply(opaque)
         k = 0
         while k < len(nodes):
             node = nodes[k]
-            if is_host(node):
+            if cuts(node):
                 args = tuple(slot[x.id] for x in node.inputs)
                 to_host = tuple(a in device for a in args)
                 slot[node.out.id] = len(slot)
@@ -170,11 +181,12 @@ class JaxProgram:
                 k += 1
                 continue
             end = k
-            while end < len(nodes) and not is_host(nodes[end]):
+            while end < len(nodes) and not cuts(nodes[end]):
                 end += 1
             seg = nodes[k:end]
             for n in seg:
-                JAX[n.prim]  # a missing rule fails here, not at the first call
+                if not is_host(n):
+                    JAX[n.prim]  # a missing rule fails here, not at the first call
             defined = {n.out.id for n in seg}
             reads = list(dict.fromkeys(x.id for n in seg for x in n.inputs if x.id not in defined))
             writes = [n.out.id for n in seg if last_use.get(n.out.id, -1) >= end]
@@ -182,7 +194,7 @@ class JaxProgram:
             reads = [r for r in reads if r not in literals]
             donate = _donations(reads, writes, avals, graph_inputs, last_use, end)
             self.donated.update(slot[reads[i]] for i in donate)
-            segment = _Segment(seg, reads, writes, donate, self)
+            segment = _Segment(seg, reads, writes, donate, self, seg_apply)
             for w in writes:
                 slot[w] = len(slot)
                 device.add(slot[w])
@@ -193,7 +205,24 @@ class JaxProgram:
         self._template += [None] * (len(slot) - len(self._template))
         self.outputs = [(slot[o.id], slot[o.id] in device) for o in graph.outputs]
 
+    def _host_apply(self, opaque):
+        calls = self.calls
+
+        def host_apply(node, args):
+            if not is_host(node):
+                return apply(node, args)
+            return calls.node(node, args, opaque=node.out.id in opaque,
+                              opaque_inputs=tuple(x.id in opaque for x in node.inputs))
+        return host_apply
+
     def __call__(self, inputs):
+        try:
+            return self._call(inputs)
+        except Exception as e:  # a callback's own exception, not XLA's report of it
+            self.calls.reraise(e)
+            raise
+
+    def _call(self, inputs):
         if len(inputs) != self.n_inputs:
             raise ValueError(f"expected {self.n_inputs} inputs, got {len(inputs)}")
         views, self._views = self._views, {}  # a failed call leaves no (donated) array behind
@@ -228,6 +257,10 @@ class JaxProgram:
             results.append(value)
         self._views = new_views
         return results
+
+
+def _never(node) -> bool:
+    return False
 
 
 def lower(graph):

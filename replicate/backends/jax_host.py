@@ -1,0 +1,127 @@
+"""Host nodes inside the jit: communication as ordered host callbacks, one program per step.
+
+The JAX backend's step is one ``jax.jit`` even when it talks to other processes: each host node
+(``mpi_allreduce``, a bucket's ``comm_start``/``comm_wait``, ...) is a callback running the
+node's NumPy row (``graph/reference.IMPL``) on the host, over XLA's own buffers
+(``jax.experimental.buffer_callback``). Cutting the graph at every host node instead compiled
+one XLA program per segment (a small conv GAN on 2 processes x 2 replicas: 19 segments, most of
+its 8 s first step) and moved every value between segments through Python.
+
+* **Order.** Each callback reads the previous one's ticket and makes the next: XLA runs them one
+  at a time in the graph's order, which is the same on every rank, so the collectives match
+  across processes as they did segment by segment. Device work that does not depend on a
+  callback may run while a bucket is in flight on the communication thread (``comm_start``
+  returns at once, ``comm_wait`` blocks). (``jax.experimental.io_callback`` orders its calls
+  too, but hands them JAX arrays, and converting those inside the callback deadlocked XLA's CPU
+  runtime: seen on 2 processes pinned to a core each.)
+* **Handles.** A host node whose value only other host nodes read (a ``comm_start`` handle) keeps
+  the value on the host: XLA carries a 32-bit ticket for it.
+* **Buffers.** XLA's buffers live for the call only: a node that keeps its operand past the call
+  (a bucket in flight) or reduces over it in place (``owned``) gets a copy.
+* **Errors.** An exception in a callback (a peer's failure, a timeout) reaches XLA as a runtime
+  error string; :class:`HostCalls` keeps the original, and the program raises *it*, with its
+  type and notes, instead of XLA's wrapper.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..graph.reference import IMPL
+
+try:  # JAX >= 0.7: a callback handed XLA's own buffers (no copies, no JAX calls inside it)
+    from jax.experimental.buffer_callback import buffer_callback
+except ImportError:  # older JAX: the graph is cut at host nodes instead
+    buffer_callback = None
+
+_TICKET = jax.ShapeDtypeStruct((), np.int32)
+
+
+def available() -> bool:
+    """Whether host nodes can run inside the jit here: a JAX with ``buffer_callback`` on CPU
+    (on a GPU its buffers are device memory, which the NumPy rows cannot read)."""
+    return buffer_callback is not None and jax.default_backend() == "cpu"
+
+
+def _not_ours(record) -> bool:
+    """JAX may log a failed callback with its traceback; ours are raised again, whole."""
+    tb = record.exc_info[2] if record.exc_info else None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_replicate_host_call":
+            return False
+        tb = tb.tb_next
+    return True
+
+
+for _name in ("jax._src.callback", "jax._src.buffer_callback"):
+    logging.getLogger(_name).addFilter(_not_ours)
+
+
+class HostCalls:
+    """The host side of one program's callbacks: the tickets in flight and the first failure.
+
+    Order: each callback takes the previous one's ticket as an operand and makes the next, so
+    the data dependences alone make XLA run them one at a time, in the graph's order."""
+
+    def __init__(self):
+        self.values: dict = {}  # ticket -> a host value only host nodes read
+        self._tickets = itertools.count(1)
+        self.failure: BaseException | None = None
+        self._order = None  # while tracing: the last callback's ticket
+
+    def begin(self):
+        """Start tracing a program: its first callback depends on nothing."""
+        self._order = jnp.zeros((), np.int32)
+
+    def node(self, node, args, *, opaque: bool, opaque_inputs: tuple):
+        """A callback computing ``node`` on the host from ``args`` (traced values)."""
+        rule, attrs, aval = IMPL[node.prim], node.attrs, node.out.aval
+        dtype = np.dtype(aval.dtype)
+        # XLA's buffers live for the call only: a rule that reduces in place (``owned``) or
+        # keeps its operand past the call (a bucket in flight) gets its own copy
+        own = bool(attrs.get("owned")) or opaque
+        values, tickets = self.values, self._tickets
+
+        def _replicate_host_call(ctx, outs, order, *xs):
+            try:
+                out, done = outs
+                xs = [values.pop(int(np.asarray(x))) if o else
+                      (np.asarray(x).copy() if own else np.asarray(x))
+                      for x, o in zip(xs, opaque_inputs)]
+                value = rule(*xs, **attrs)
+                if opaque:
+                    ticket = next(tickets) & 0x7FFFFFFF
+                    values[ticket] = value
+                    value = ticket
+                np.asarray(out)[...] = value
+                np.asarray(done)[...] = np.asarray(order) + 1
+            except BaseException as e:  # raised again by the program, not as XLA's text
+                if self.failure is None:
+                    self.failure = e
+                raise
+        result = _TICKET if opaque else jax.ShapeDtypeStruct(tuple(aval.shape), dtype)
+        call = buffer_callback(_replicate_host_call, (result, _TICKET), has_side_effect=True)
+        value, self._order = call(self._order, *args)
+        return value
+
+    def reraise(self, error: BaseException):
+        """Raise the callback's own exception if ``error`` is XLA reporting it; else nothing."""
+        failure, self.failure = self.failure, None
+        self.values.clear()
+        if failure is not None:
+            raise failure from None
+
+
+def opaque_values(nodes, is_host, outputs) -> set:
+    """Ids of host nodes' values that only host nodes read (and that are no graph output)."""
+    readers: dict = {}
+    for n in nodes:
+        for x in n.inputs:
+            readers.setdefault(x.id, []).append(n)
+    return {n.out.id for n in nodes if is_host(n) and n.out.id not in outputs
+            and readers.get(n.out.id) and all(is_host(r) for r in readers[n.out.id])}
