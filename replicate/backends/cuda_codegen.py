@@ -231,23 +231,48 @@ def _statements(nodes, names):
     return lines
 
 
+def split_reduction(nodes, reduction):
+    """(prologue, epilogue) of a group with a reduction, each in order: the prologue is what the
+    reduction reads (computed per input element), the epilogue everything else (computed once
+    per reduced element: what reads the reduced value, and what only it reads, such as a sum of
+    two constants, which may come before the reduction in the group's order)."""
+    upstream, work = set(), [reduction]
+    inside = {n.out.id: n for n in nodes}
+    while work:
+        for x in work.pop().inputs:
+            n = inside.get(x.id)
+            if n is not None and id(n) not in upstream:
+                upstream.add(id(n))
+                work.append(n)
+    return ([n for n in nodes if id(n) in upstream],
+            [n for n in nodes if id(n) not in upstream and n is not reduction])
+
+
 def accepts(members) -> bool:
     """Whether ``generate`` makes one kernel of a group the fusion pass would form (``members``:
     its nodes in order). A reduction's epilogue runs once per reduced element, so it may read,
     from outside the group, only the reduced value and constants (they become literals), and no
     epilogue op may change the shape (a ``broadcast_to``, or a (1, 1) constant against a scalar:
     the kernel's output has the reduction's shape, never a bigger one)."""
-    reduction = next((i for i, m in enumerate(members) if REGISTRY[m.prim].fuse == "reduce"),
-                     None)
+    reduction = next((m for m in members if REGISTRY[m.prim].fuse == "reduce"), None)
     if reduction is None:
         return True
     inside = {m.out.id for m in members}
-    shape = members[reduction].out.shape
-    for m in members[reduction + 1:]:
-        if m.out.shape != shape:
-            return False
+    _, post = split_reduction(members, reduction)
+    for m in post:
         for x in m.inputs:
             if x.id not in inside and not (x.node is not None and x.node.prim == "const"):
+                return False
+    return _keeps_shape(post, reduction)
+
+
+def _keeps_shape(post, reduction) -> bool:
+    """No epilogue op that reads the reduced value (or what it made) changes its shape."""
+    reads = {reduction.out.id}
+    for m in post:
+        if any(x.id in reads for x in m.inputs):
+            reads.add(m.out.id)
+            if m.out.shape != reduction.out.shape:
                 return False
     return True
 
@@ -284,8 +309,7 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
                           operation="\n".join(lines),
                           preamble=_includes(dtypes) + PREAMBLE.strip(), **common)
     red = body.reduction
-    k = g.nodes.index(red)
-    pre, post = g.nodes[:k], g.nodes[k + 1:]
+    pre, post = split_reduction(g.nodes, red)
     acc = _accumulator(red.out.dtype)
     red_t = ctype(acc)
     # prologue: a device function of the kernel's inputs
@@ -305,7 +329,7 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
         post_lines = _statements(post, post_names)
     except KeyError:
         raise NotImplementedError("the epilogue reads a non-constant input") from None
-    if any(n.out.shape != red.out.shape for n in post):
+    if not _keeps_shape(post, red):
         raise NotImplementedError("an epilogue op changes the reduced value's shape")
     result = post_names[g.outputs[0].id]
     preamble += [f"__device__ {out_t} {name}_post({red_t} a) {{",

@@ -125,7 +125,9 @@ def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read 
 _ROWS = table(cupy, "cupy", {
     **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
     "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x),
-    "top_k_indices": _top_k,
+    "top_k_indices": _top_k,  # CuPy's sorts are stable (kind=None), with no ``stable=``
+    "sort": lambda x, axis: cupy.sort(x, axis=axis),
+    "argsort": lambda x, axis: cupy.argsort(x, axis=axis),
     "matmul": lambda a, b: cupy.matmul(a, b),
     "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,
