@@ -37,14 +37,16 @@ import types
 
 import numpy as np
 
-from replicate.backends.cuda_codegen import split_reduction
+from replicate.backends.cuda_codegen import CTYPE, split_reduction
 from replicate.graph.reference import IMPL, reference_apply
 
 REAL = None          # the real cupy module, where it imports (no GPU needed)
 SPECS: dict = {}     # kernel constructor arguments -> the KernelSpec they were made from
 LAUNCHES: dict = {}  # launch signature -> KernelSpec (distinct launches, for compiling)
 TRANSFERS = {"to_device": 0, "to_host": 0}  # bytes
+CALLS = [0]          # kernel launches
 ACTIVE = False
+ACCUMULATOR = {c: np.dtype(name) for name, c in CTYPE.items()}
 CUB_MIN = 128        # CuPy's CUB reductions: at least this many elements reduced
 
 
@@ -145,6 +147,8 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
         return self._a.copy()
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
+            raise AttributeError(name)
         attr = getattr(self._a, name)
         if callable(attr):
             return lambda *a, **k: wrap(attr(*unwrap(a), **unwrap(k)))
@@ -253,6 +257,7 @@ class ElementwiseKernel:
         shape = np.broadcast_shapes(*(a.shape for a in args))
         if shape != out.shape:
             raise ValueError("Out shape is mismatched")
+        CALLS[0] += 1
         LAUNCHES[("elementwise", self.spec.key, dtypes, out.ndim)] = self.spec
         env = _inputs_env(self.spec, [np.broadcast_to(a._a, shape) for a in ins])
         g = self.spec.body.graph
@@ -284,12 +289,13 @@ class ReductionKernel:
         shape = arrays[0].shape
         axes = tuple(range(len(shape))) if axis is None else \
             tuple(sorted(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,))))
+        CALLS[0] += 1
         LAUNCHES[("reduction", self.spec.key, dtypes, len(shape), axes,
                   _cub_path(ins, shape, axes))] = self.spec
         g, red = self.spec.body.graph, self.spec.body.reduction
         pre, post = split_reduction(g.nodes, red)
         env = _evaluate(pre, _inputs_env(self.spec, arrays))
-        acc = np.float32 if red.out.dtype == np.float16 else red.out.dtype
+        acc = ACCUMULATOR[self.spec.reduce_type]  # the C type the kernel accumulates in
         value = np.asarray(env[red.inputs[0].id]).astype(acc)
         env[red.out.id] = np.asarray(IMPL[red.prim](np.broadcast_to(value, shape), axes=axes)
                                      ).astype(acc)
@@ -313,6 +319,8 @@ def _cub_path(ins, shape, axes) -> str:
 def _module_getattr(name):
     if name.startswith("__"):
         raise AttributeError(name)
+    if name.startswith("_") and REAL is not None:  # the real CuPy's internals import "cupy"
+        return getattr(REAL, name)
     if REAL is not None and not hasattr(REAL, name):
         raise AttributeError(f"module 'cupy' has no attribute {name!r}")
     obj = getattr(np, name)
