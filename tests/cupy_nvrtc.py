@@ -150,7 +150,7 @@ _PASS = re.compile(r"^-D(FIRST_PASS|SECOND_PASS)=1$")
 def _program(chunks):
     """One NVRTC program of many CuPy sources."""
     includes, bodies = [], []
-    for k, (label, source, options) in enumerate(chunks):
+    for k, (_, source, options) in enumerate(chunks):
         lines = source.splitlines()
         includes += [ln for ln in lines if ln.startswith("#include") and ln not in includes]
         body = "\n".join(ln for ln in lines if not ln.startswith("#include"))

@@ -175,8 +175,9 @@ def test_every_sweep_kernel_compiles_with_nvrtc(sweep):
 
 
 def test_every_kernel_of_the_model_steps_is_one_generated_kernel_and_compiles():
-    """The MLP (batch 256), the conv net and the WGAN-GP steps: every fused group is one generated kernel (``accepts`` it, one launch each), the
-    results are NumPy's, and every kernel compiles."""
+    """The MLP (batch 256), the conv net and the WGAN-GP steps: every fused group is one
+    generated kernel (one launch each, no op-by-op fallback), the results are NumPy's, and every
+    kernel compiles."""
     cupy_standin.LAUNCHES.clear()
     rng = np.random.default_rng(1)
     batches = {"mlp": [(rng.standard_normal((256, 4)), rng.integers(0, 3, 256))],
@@ -250,3 +251,12 @@ def test_unfused_logistic_and_erf_run_on_device_arrays():
         np.testing.assert_allclose(got, rp.function(fn)(x), rtol=1e-12)
     with pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(cupy_standin.asarray(x))
+
+
+def test_missing_cupy_names_both_extras(monkeypatch):
+    from replicate.backends import get_backend
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
+    monkeypatch.delitem(sys.modules, "replicate.backends.cupy_backend", raising=False)
+    with pytest.raises(rp.ReplicateError, match=r"replicate\[cuda12\].*replicate\[cuda13\]"):
+        get_backend("cupy")
