@@ -26,6 +26,15 @@ TIMEOUT = 60
 # the doctest collection must not import it.
 collect_ignore = ["programs/startup_mpi.py"]
 
+# Without a GPU the cupy backend's tests run against a CuPy stand-in (tests/cupy_standin.py:
+# device arrays backed by NumPy, kernels checked against CuPy's own parameter parsing); where
+# CuPy sees a GPU they run on it. REPLICATE_CUPY_STANDIN=0 turns the stand-in off.
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from cupy_standin import install as _install_cupy_standin  # noqa: E402
+
+CUPY_STANDIN = _install_cupy_standin()
+
 
 def have_mpi() -> bool:
     try:

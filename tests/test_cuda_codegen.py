@@ -50,7 +50,9 @@ def test_eight_op_chain_is_one_elementwise_kernel():
     spec = _spec(lambda x: rnp.tanh(x * 1.7 + 0.3) * rnp.sigmoid(x) - rnp.exp(-0.5 * x),
                  np.ones(16, np.float32))
     assert spec.kind == "elementwise"
-    assert spec.in_params == "float in0" and spec.out_params == "float out0"
+    # CuPy reads parameter types as NumPy dtype names ("float" would be float64); C in the body
+    assert spec.in_params == "float32 in0" and spec.out_params == "float32 out0"
+    assert "const float v0 = " in spec.operation
     lines = spec.operation.splitlines()
     assert len(lines) == 9 and lines[-1].startswith("out0 = ")
     assert "1.7000000476837158f" in spec.operation  # constants inlined as float literals
@@ -64,7 +66,9 @@ def test_reduction_kernel_has_prologue_and_epilogue():
     assert spec.reduce_expr == "a + b" and spec.identity == "0"
     assert spec.map_expr == "k_map(in0)" and spec.post_map_expr == "out0 = k_post(a)"
     assert "(in0 * in0)" in spec.preamble and "sqrt(a)" in spec.preamble
-    assert spec.reduce_type == "double"
+    assert spec.reduce_type == "double" and spec.in_params == "float64 in0"
+    assert "typedef double type_in0_raw;" in spec.preamble  # CuPy's CUB path reads them
+    assert "typedef double type_out0_raw;" in spec.preamble
 
 
 def test_kernels_are_keyed_by_structure_and_dtype():
@@ -85,8 +89,11 @@ def test_epilogue_with_a_runtime_scalar_is_refused():
 
 def test_literals():
     assert literal(np.float32(1.5), np.float32) == "1.5f"
-    assert literal(np.nan, np.float64) == "NAN"
-    assert literal(-np.inf, np.float32) == "-INFINITY"
+    # NVRTC has no INFINITY/NAN: CuPy's math_constants.h names them
+    assert literal(np.nan, np.float64) == "CUDART_NAN"
+    assert literal(-np.inf, np.float32) == "(-CUDART_INF_F)"
+    assert literal(np.inf, np.float16) == "((float16)CUDART_INF_F)"
+    assert REDUCE["reduce_max"][1](np.dtype(np.float32)) == "(-CUDART_INF_F)"
     assert literal(True, bool) == "true"
     assert literal(-3, np.int64) == "((long long)-3)"
     assert REDUCE["reduce_max"][1](np.dtype(np.int64)) == \

@@ -29,8 +29,9 @@ _MODULES = {
     "null": "replicate.backends.null_backend",
     "cupy": "replicate.backends.cupy_backend",
 }
-# backend -> the pip extra that installs what it needs, when not its own name
-_EXTRAS = {"cupy": "cuda12"}
+# backend -> how to install what it needs, when not the extra of its own name
+_EXTRAS = {"cupy": "pip install 'replicate[cuda12]' (CUDA 12 driver) or "
+                   "'replicate[cuda13]' (CUDA 13)"}
 
 
 def get_backend(name: str):
@@ -46,9 +47,9 @@ def get_backend(name: str):
     except ImportError as e:
         if (e.name or "").startswith("replicate"):
             raise
-        extra = _EXTRAS.get(name, name)
+        how = _EXTRAS.get(name, f"pip install 'replicate[{name}]'")
         raise ReplicateError(f"the {name!r} backend needs {e.name or 'a package'}, which is not "
-                             f"installed: pip install 'replicate[{extra}]'") from e
+                             f"installed: {how}") from e
 
 
 def available() -> list[str]:

@@ -15,12 +15,26 @@ declarations (``cuda=`` templates) plus the few whose expression depends on the 
 for completeness with the other tables. ``standalone_source`` wraps a kernel into a complete
 ``.cu`` translation unit so the code can be compiled with ``nvcc`` where a CUDA toolkit exists,
 without a GPU.
+
+What CuPy expects of the pieces (each checked in ``tests/test_cuda_codegen.py`` by building the
+kernels through CuPy's own machinery and compiling them with NVRTC, no GPU needed):
+
+* parameter lists name NumPy dtypes (``float32 in0``: CuPy parses the type as a dtype name,
+  ``float`` would be float64); the bodies use C types (``const float v0 = ...``);
+* infinities and NaNs are CuPy's ``CUDART_INF``/``CUDART_NAN`` (``_F`` for float): NVRTC has
+  no ``INFINITY``;
+* float16 values are CuPy's ``float16`` (``cupy/float16.cuh``, included by the preamble); every
+  op on them computes in float and rounds its result once, as the reference does, and a float16
+  reduction accumulates in float;
+* a reduction's parameters are ``in0, in1, ...`` and ``out0``, with the ``type_in0_raw`` and
+  ``type_out0_raw`` typedefs that CuPy's CUB path (one contiguous input) reads; it always has an
+  array parameter, so CuPy knows the loop's size.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +47,12 @@ CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": 
          "bool": "bool"}
 
 PREAMBLE = """
+template <typename T> __device__ T _ipow(T a, T b) {
+  if (b < 0) return (a == 1) ? (T)1 : (a == -1) ? ((b & 1) ? (T)-1 : (T)1) : (T)0;
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
 template <typename T> __device__ T _floordiv(T a, T b) {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
@@ -65,11 +85,13 @@ def _div(a, b, t):
 
 def _mod(a, b, t):
     """NumPy's remainder: the result has the divisor's sign (an integer mod 0 is 0, as NumPy)."""
-    if t in ("float", "double"):
-        return f"_fmod({a}, {b})"
-    if t == "float16":
-        return f"((float16)_fmod((float){a}, (float){b}))"
-    return f"_imod({a}, {b})"
+    return f"_fmod({a}, {b})" if t in ("float", "double") else f"_imod({a}, {b})"
+
+
+def _pow(a, b, t):
+    """Floats through CUDA's ``pow``; integers by squaring (CUDA has no integer ``pow``); a
+    negative integer exponent gives 0 (1 or -1 for a base of 1 or -1), as CuPy's ``power``."""
+    return f"(({t})pow({a}, {b}))" if t in ("float", "double") else f"_ipow<{t}>({a}, {b})"
 
 
 def _template(text):
@@ -84,18 +106,25 @@ CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items(
 CUDA.update({  # expressions that depend on the type
     "div": lambda a, b, t, **_: _div(a, b, t),
     "maximum": lambda a, b, t, **_: _max(a, b), "minimum": lambda a, b, t, **_: _min(a, b),
-    "mod": lambda a, b, t, **_: _mod(a, b, t),
+    "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": lambda a, b, t, **_: _pow(a, b, t),
 })
 
 
-REDUCE = {  # prim -> (reduce_expr, identity(dtype))
+REDUCE = {  # prim -> (reduce_expr, identity(dtype of the accumulator))
     "reduce_sum": ("a + b", lambda d: "0"),
     "reduce_prod": ("a * b", lambda d: "1"),
     "reduce_max": (_max("a", "b"),
-                   lambda d: "-INFINITY" if d.kind == "f" else _int_limit(d, "min")),
+                   lambda d: literal(-np.inf, d) if d.kind == "f" else _int_limit(d, "min")),
     "reduce_min": (_min("a", "b"),
-                   lambda d: "INFINITY" if d.kind == "f" else _int_limit(d, "max")),
+                   lambda d: literal(np.inf, d) if d.kind == "f" else _int_limit(d, "max")),
 }
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
+def _accumulator(dtype) -> np.dtype:
+    """The type a reduction accumulates in: float for float16 (10 000 ones sum to 10 000, not
+    to 2 048), the value's own type otherwise."""
+    return F32 if np.dtype(dtype) == F16 else np.dtype(dtype)
 
 
 def _int_limit(dtype, which):
@@ -115,6 +144,14 @@ def ctype(dtype) -> str:
     return CTYPE[name]
 
 
+def dtype_name(dtype) -> str:
+    """The name CuPy's parameter lists read (a NumPy dtype name: ``float32``, ``int64``)."""
+    name = np.dtype(dtype).name
+    if name not in CTYPE:
+        raise NotImplementedError(f"no CUDA type for {name}")
+    return name
+
+
 def literal(value, dtype) -> str:
     dtype = np.dtype(dtype)
     v = np.asarray(value).reshape(()).item()
@@ -122,12 +159,15 @@ def literal(value, dtype) -> str:
         return "true" if v else "false"
     if dtype.kind in "iu":
         return f"(({ctype(dtype)}){int(v)})"
+    if dtype == F16:
+        return f"((float16){literal(np.float16(v), F32)})"
+    suffix = "_F" if dtype == F32 else ""  # CuPy's math_constants.h (NVRTC has no INFINITY)
     if math.isnan(v):
-        return "NAN"
+        return f"CUDART_NAN{suffix}"
     if math.isinf(v):
-        return "INFINITY" if v > 0 else "-INFINITY"
+        return f"CUDART_INF{suffix}" if v > 0 else f"(-CUDART_INF{suffix})"
     text = repr(float(v))
-    return text + "f" if dtype == np.float32 else f"(({ctype(dtype)}){text})"
+    return text + "f" if dtype == F32 else f"(({ctype(dtype)}){text})"
 
 
 @dataclass(frozen=True)
@@ -136,8 +176,8 @@ class KernelSpec:
 
     kind: str                 # "elementwise" | "reduction"
     name: str
-    in_params: str            # e.g. "float in0, float in1"
-    out_params: str           # e.g. "float out0"
+    in_params: str            # e.g. "float32 in0, float32 in1" (NumPy dtype names)
+    out_params: str           # e.g. "float32 out0"
     operation: str = ""       # elementwise
     map_expr: str = ""        # reduction
     reduce_expr: str = ""
@@ -147,103 +187,179 @@ class KernelSpec:
     params: tuple = ()        # indices of the fused node's inputs passed to the kernel
     axes: tuple = ()          # reduction axes
     red_shape: tuple = ()     # the reduction's input shape (inputs are broadcast to it)
-    reduce_type: str = ""     # C type of the values being reduced
+    reduce_type: str = ""     # C type the reduction accumulates in
+    out_shape: tuple = ()     # the fused node's output shape
+    body: object = field(default=None, compare=False, repr=False)  # the FusedBody it was made of
+    consts: dict = field(default_factory=dict, compare=False, repr=False)  # inlined constants
 
     @property
     def key(self) -> tuple:
         return (self.kind, self.in_params, self.out_params, self.operation, self.map_expr,
-                self.reduce_expr, self.post_map_expr, self.identity, self.preamble)
+                self.reduce_expr, self.post_map_expr, self.identity, self.preamble,
+                self.reduce_type)
 
 
-def _statements(nodes, names, out_t=None):
-    """``const T vK = expr;`` per node; fills ``names`` (value id -> C name)."""
+def kernel_args(spec: KernelSpec) -> tuple[str, tuple, dict]:
+    """``(class name, args, kwargs)``: how ``spec`` is made a ``cupy.ElementwiseKernel`` or
+    ``cupy.ReductionKernel`` (the backend builds it so; the tests build the same through CuPy's
+    machinery and compile it with NVRTC)."""
+    if spec.kind == "elementwise":
+        return ("ElementwiseKernel", (spec.in_params, spec.out_params, spec.operation, spec.name),
+                {"preamble": spec.preamble})
+    return ("ReductionKernel", (spec.in_params, spec.out_params, spec.map_expr, spec.reduce_expr,
+                                spec.post_map_expr, spec.identity, spec.name),
+            {"reduce_type": spec.reduce_type, "preamble": spec.preamble})
+
+
+def _operand(name: str, dtype) -> str:
+    return f"((float){name})" if np.dtype(dtype) == F16 else name
+
+
+def _statements(nodes, names):
+    """``const T vK = expr;`` per node; fills ``names`` (value id -> C name). A float16 value is
+    computed in float from its operands in float and rounded once (the reference's rule)."""
     lines = []
     for k, node in enumerate(nodes):
-        t = ctype(node.out.dtype)
-        expr = CUDA[node.prim](*[names[x.id] for x in node.inputs], t=t, **node.attrs)
+        out = np.dtype(node.out.dtype)
+        t = ctype(out)
+        args = [_operand(names[x.id], x.dtype) for x in node.inputs]
+        expr = CUDA[node.prim](*args, t="float" if out == F16 else t, **node.attrs)
+        if out == F16:
+            expr = f"((float16)({expr}))"
         names[node.out.id] = f"v{k}"
         lines.append(f"const {t} v{k} = {expr};")
     return lines
 
 
+def split_reduction(nodes, reduction):
+    """(prologue, epilogue) of a group with a reduction, each in order: the prologue is what the
+    reduction reads (computed per input element), the epilogue everything else (computed once
+    per reduced element: what reads the reduced value, and what only it reads, such as a sum of
+    two constants, which may come before the reduction in the group's order)."""
+    upstream, work = set(), [reduction]
+    inside = {n.out.id: n for n in nodes}
+    while work:
+        for x in work.pop().inputs:
+            n = inside.get(x.id)
+            if n is not None and id(n) not in upstream:
+                upstream.add(id(n))
+                work.append(n)
+    return ([n for n in nodes if id(n) in upstream],
+            [n for n in nodes if id(n) not in upstream and n is not reduction])
+
+
 def accepts(members) -> bool:
     """Whether ``generate`` makes one kernel of a group the fusion pass would form (``members``:
-    its nodes in order): a reduction's epilogue may read, from outside the group, only the
-    reduced value and constants (they become literals)."""
-    reduction = next((i for i, m in enumerate(members) if REGISTRY[m.prim].fuse == "reduce"),
-                     None)
+    its nodes in order). A reduction's epilogue runs once per reduced element, so it may read,
+    from outside the group, only the reduced value and constants (they become literals), and no
+    epilogue op may change the shape (a ``broadcast_to``, or a (1, 1) constant against a scalar:
+    the kernel's output has the reduction's shape, never a bigger one)."""
+    reduction = next((m for m in members if REGISTRY[m.prim].fuse == "reduce"), None)
     if reduction is None:
         return True
     inside = {m.out.id for m in members}
-    for m in members[reduction + 1:]:
+    _, post = split_reduction(members, reduction)
+    for m in post:
         for x in m.inputs:
             if x.id not in inside and not (x.node is not None and x.node.prim == "const"):
                 return False
+    return _keeps_shape(post, reduction)
+
+
+def _keeps_shape(post, reduction) -> bool:
+    """No epilogue op that reads the reduced value (or what it made) changes its shape."""
+    reads = {reduction.out.id}
+    for m in post:
+        if any(x.id in reads for x in m.inputs):
+            reads.add(m.out.id)
+            if m.out.shape != reduction.out.shape:
+                return False
     return True
+
+
+def _includes(dtypes) -> str:
+    return "#include <cupy/float16.cuh>\n" if F16 in {np.dtype(d) for d in dtypes} else ""
 
 
 def generate(node, consts: dict, name: str) -> KernelSpec:
     """The kernel for fused ``node``; ``consts``: {input index: value} of scalar constants."""
     body = node.attrs["body"]
     g = body.graph
-    names, params, decls = {}, [], []
+    consts = dict(consts)
+    if len(consts) == len(g.inputs) and consts:  # an array parameter gives CuPy the loop's size
+        del consts[0]
+    names, params, np_decls, c_decls = {}, [], [], []
     for i, x in enumerate(g.inputs):
         if i in consts:
             names[x.id] = literal(consts[i], x.dtype)
         else:
-            names[x.id] = f"in{i}"
+            names[x.id] = f"in{len(params)}"
+            np_decls.append(f"{dtype_name(x.dtype)} in{len(params)}")
+            c_decls.append(f"{ctype(x.dtype)} in{len(params)}")
             params.append(i)
-            decls.append(f"{ctype(x.dtype)} in{i}")
     out_t = ctype(node.out.dtype)
+    out_params = f"{dtype_name(node.out.dtype)} out0"
+    dtypes = [x.dtype for x in g.inputs] + [n.out.dtype for n in g.nodes]
+    common = dict(params=tuple(params), out_shape=tuple(node.out.shape), body=body,
+                  consts=consts)
     if body.reduction is None:
         lines = _statements(g.nodes, names)
         lines.append(f"out0 = {names[g.outputs[0].id]};")
-        return KernelSpec("elementwise", name, ", ".join(decls), f"{out_t} out0",
-                          operation="\n".join(lines), params=tuple(params))
+        return KernelSpec("elementwise", name, ", ".join(np_decls), out_params,
+                          operation="\n".join(lines),
+                          preamble=_includes(dtypes) + PREAMBLE.strip(), **common)
     red = body.reduction
-    k = g.nodes.index(red)
-    pre, post = g.nodes[:k], g.nodes[k + 1:]
-    red_t = ctype(red.out.dtype)
+    pre, post = split_reduction(g.nodes, red)
+    acc = _accumulator(red.out.dtype)
+    red_t = ctype(acc)
     # prologue: a device function of the kernel's inputs
     pre_lines = _statements(pre, names)
-    arg_list = ", ".join(decls)
-    call_args = ", ".join(f"in{i}" for i in params)
-    preamble = [PREAMBLE.strip(),
-                f"__device__ {red_t} {name}_map({arg_list}) {{",
+    call_args = ", ".join(f"in{j}" for j in range(len(params)))
+    in0_t = ctype(g.inputs[params[0]].dtype) if params else red_t
+    preamble = [_includes(dtypes) + PREAMBLE.strip(),
+                # CuPy's CUB path (one contiguous input) reads these names
+                f"typedef {in0_t} type_in0_raw;", f"typedef {out_t} type_out0_raw;",
+                f"__device__ {red_t} {name}_map({', '.join(c_decls)}) {{",
                 *["  " + s for s in pre_lines],
                 f"  return ({red_t}){names[red.inputs[0].id]};", "}"]
-    # epilogue: a device function of the reduced value
+    # epilogue: a device function of the reduced value (held in the accumulator's type)
     post_names = {x.id: names[x.id] for i, x in enumerate(g.inputs) if i in consts}
     post_names[red.out.id] = "a"
     try:
         post_lines = _statements(post, post_names)
     except KeyError:
         raise NotImplementedError("the epilogue reads a non-constant input") from None
+    if not _keeps_shape(post, red):
+        raise NotImplementedError("an epilogue op changes the reduced value's shape")
     result = post_names[g.outputs[0].id]
     preamble += [f"__device__ {out_t} {name}_post({red_t} a) {{",
                  *["  " + s for s in post_lines], f"  return ({out_t}){result};", "}"]
     reduce_expr, identity = REDUCE[red.prim]
-    return KernelSpec("reduction", name, arg_list, f"{out_t} out0",
+    return KernelSpec("reduction", name, ", ".join(np_decls), out_params,
                       map_expr=f"{name}_map({call_args})", reduce_expr=reduce_expr,
                       post_map_expr=f"out0 = {name}_post(a)",
-                      identity=identity(red.out.dtype), preamble="\n".join(preamble),
-                      params=tuple(params), axes=tuple(red.attrs["axes"]),
-                      red_shape=tuple(red.inputs[0].shape), reduce_type=red_t)
+                      identity=identity(acc), preamble="\n".join(preamble),
+                      axes=tuple(red.attrs["axes"]), red_shape=tuple(red.inputs[0].shape),
+                      reduce_type=red_t, **common)
 
 
 def standalone_source(spec: KernelSpec) -> str:
     """A complete CUDA translation unit for ``spec`` (contiguous inputs of the output's size, or
     scalars), for compiling with ``nvcc`` and for reading; the CuPy backend itself hands the
-    pieces to ``ElementwiseKernel``/``ReductionKernel``, which add broadcasting and indexing."""
-    params = [p.strip() for p in spec.in_params.split(",") if p.strip()]
-    out_t, out_name = spec.out_params.rsplit(" ", 1)
-    ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in (p.rsplit(" ", 1) for p in params)]
-    loads = [f"    const {t} {n} = {n}_p[i];" for t, n in (p.rsplit(" ", 1) for p in params)]
-    head = "#include <cmath>\n"
+    pieces to ``ElementwiseKernel``/``ReductionKernel``, which add broadcasting and indexing.
+    (float16 kernels need CuPy's headers: they are compiled through CuPy in the tests.)"""
+    def c_param(p):
+        dtype, name = p.rsplit(" ", 1)
+        return ctype(dtype), name
+    params = [c_param(p.strip()) for p in spec.in_params.split(",") if p.strip()]
+    out_t, out_name = c_param(spec.out_params)
+    ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in params]
+    loads = [f"    const {t} {n} = {n}_p[i];" for t, n in params]
+    head = "#include <cmath>\n#include <math_constants.h>\n"
     sig = ", ".join(ptrs + [f"{out_t}* __restrict__ {out_name}_p", "long long n"])
     if spec.kind == "elementwise":
         body = "\n".join("    " + line for line in spec.operation.splitlines())
-        return (f"{head}{PREAMBLE}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
+        return (f"{head}{spec.preamble}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
                 f"  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;"
                 f" i += (long long)blockDim.x * gridDim.x) {{\n" + "\n".join(loads) +
                 f"\n    {out_t} {out_name};\n{body}\n    {out_name}_p[i] = {out_name};\n  }}\n}}\n")

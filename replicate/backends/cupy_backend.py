@@ -6,9 +6,10 @@
 * ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``; so do the
   convolution primitives, whose reference rows (``graph/conv.py``: im2col through a strided view,
   one batched GEMM, col2im by strided adds) run here on device arrays, float16 in float32;
-* other ops run the NumPy reference table on device arrays (CuPy implements NumPy's array
-  function protocol), with device versions where NumPy's would not dispatch (random numbers,
-  scatter-add);
+* other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
+  module, float16 operands in float32 as the reference, with device versions where a row is
+  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add, random numbers): no
+  row ever calls ``numpy`` on a device array;
 * communication nodes run on the host: their inputs come back from the device, their results go
   up again (host-staged MPI; NCCL is not wired in).
 
@@ -18,8 +19,10 @@ device on each call.
 
 from __future__ import annotations
 
-import cupy  # ImportError here -> "pip install 'replicate[cuda12]'"
+import cupy  # ImportError here -> "pip install 'replicate[cuda12]'" (or cuda13)
 import cupyx
+import cupyx.scipy.special
+import numpy as np
 
 from ..debug import debug_enabled
 from ..errors import ReplicateError
@@ -27,7 +30,7 @@ from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.index_check import index_bounds_error
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
-from ..graph.reference import IMPL
+from ..graph.reference import IMPL, MOVES, table
 from . import cuda_codegen
 from .base import Executable
 from .numpy_backend import kernels
@@ -37,7 +40,9 @@ try:
 except Exception:  # no driver, or no device
     _DEVICES = 0
 if not _DEVICES:
-    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here")
+    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here (CuPy "
+                         "for CUDA 12: pip install 'replicate[cuda12]', for CUDA 13: "
+                         "'replicate[cuda13]')")
 
 name = "cupy"
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion")  # CuPy's pool manages memory
@@ -51,15 +56,8 @@ def _compile(spec):
     if kernel is None:
         if debug_enabled("cuda"):
             print(f"// {spec.name}\n{cuda_codegen.standalone_source(spec)}", flush=True)
-        if spec.kind == "elementwise":
-            kernel = cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation,
-                                            spec.name, preamble=cuda_codegen.PREAMBLE)
-        else:
-            kernel = cupy.ReductionKernel(spec.in_params, spec.out_params, spec.map_expr,
-                                          spec.reduce_expr, spec.post_map_expr, spec.identity,
-                                          spec.name, reduce_type=spec.reduce_type,
-                                          preamble=spec.preamble)
-        _KERNELS[spec.key] = kernel
+        cls, args, kwargs = cuda_codegen.kernel_args(spec)
+        kernel = _KERNELS[spec.key] = getattr(cupy, cls)(*args, **kwargs)
     return kernel
 
 
@@ -70,9 +68,8 @@ def _fused_fn(node, consts, index):
         raise ReplicateError(f"internal error: fused group {node.attrs['body']} has no kernel "
                              f"({e}); please report it") from None
     kernel = _compile(spec)
+    shape, dtype = node.out.shape, node.out.dtype
     if spec.kind == "elementwise":
-        shape, dtype = node.out.shape, node.out.dtype
-
         def run(*xs):
             out = cupy.empty(shape, dtype)
             kernel(*[xs[i] for i in spec.params], out)
@@ -81,7 +78,12 @@ def _fused_fn(node, consts, index):
 
     def reduce(*xs):
         args = [cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params]
-        return kernel(*args, axis=spec.axes)
+        out = kernel(*args, axis=spec.axes)
+        if out.shape != shape or out.dtype != dtype:  # never a silently wrong shape
+            raise ReplicateError(f"internal error: fused group {node.attrs['body']} made "
+                                 f"{out.dtype}{list(out.shape)}, not {dtype}{list(shape)}; "
+                                 "please report it")
+        return out
     return reduce
 
 
@@ -102,20 +104,38 @@ def _scatter_add(g, *idx, index, shape):
 def _widened(fn):
     """float16 operands computed in float32 (one rounding, as the reference)."""
     def run(*xs, **attrs):
-        if any(x.dtype == cupy.float16 for x in xs):
-            xs = [x.astype(cupy.float32) for x in xs]
+        if any(getattr(x, "dtype", None) == np.float16 for x in xs):
+            xs = [x.astype(cupy.float32) if getattr(x, "dtype", None) == np.float16 else x
+                  for x in xs]
         return fn(*xs, **attrs)
     return run
 
 
-DEVICE = {
+def _logistic(x):
+    """The reference's stable 1 / (1 + exp(-x)): exp(min(x, 0)) / (1 + exp(-|x|))."""
+    return cupy.exp(cupy.minimum(x, 0)) / (1 + cupy.exp(-cupy.abs(x)))
+
+
+def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read backwards
+    order = cupy.argsort(cupy.flip(x, -1), axis=-1)
+    return cupy.flip(x.shape[-1] - 1 - order, -1)[..., :k]
+
+
+# every reference row with cupy as its array module; float16 operands in float32 (as IMPL)
+_ROWS = table(cupy, "cupy", {
     **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
+    "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x),
+    "top_k_indices": _top_k,  # CuPy's sorts are stable (kind=None), with no ``stable=``
+    "sort": lambda x, axis: cupy.sort(x, axis=axis),
+    "argsort": lambda x, axis: cupy.argsort(x, axis=axis),
     "matmul": lambda a, b: cupy.matmul(a, b),
     "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,
     "scatter_add": _scatter_add,
     "const": lambda value: cupy.asarray(value),
-}
+})
+DEVICE = {name: rule if name in MOVES or name in CONV_ROWS else _widened(rule)
+          for name, rule in _ROWS.items()}
 
 
 def _op_fn(node):
@@ -126,7 +146,7 @@ def _op_fn(node):
         if node.prim == "comm_wait":
             return lambda h: cupy.asarray(fn(h, **attrs))
         return lambda *xs: cupy.asarray(fn(*[cupy.asnumpy(x) for x in xs], **attrs))
-    fn = DEVICE.get(node.prim) or IMPL[node.prim]
+    fn = DEVICE[node.prim]
     attrs, dtype = node.attrs, node.out.dtype
     if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
         return _checked_indexing(fn, attrs, dtype, node)

@@ -144,7 +144,7 @@ declare("abs", ELEMENTWISE, _unary, cuda="({a} < 0 ? -{a} : {a})")
 for _name, _c in _C_UNARY.items():
     declare(_name, ELEMENTWISE, _unary_float, cuda=_c)
 for _name, _c in (("add", "({a} + {b})"), ("mul", "({a} * {b})"), ("div", None),
-                  ("pow", "(({t})pow({a}, {b}))"), ("maximum", None), ("minimum", None)):
+                  ("pow", None), ("maximum", None), ("minimum", None)):
     declare(_name, ELEMENTWISE, _binary, cuda=_c)
 declare("sub", ELEMENTWISE, _binary_signed, cuda="({a} - {b})")
 for _name, _op in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),

@@ -1,0 +1,411 @@
+"""A CuPy stand-in for machines without an NVIDIA GPU: the ``cupy`` backend's host logic runs in
+CI, its array maths executed by NumPy.
+
+``install()`` (called by ``tests/conftest.py`` unless CuPy sees a GPU) puts a module named
+``cupy`` (and ``cupyx``) into ``sys.modules`` before the backend is imported, so every cupy
+test runs against it: the backend's cache keys, launch arguments, buffers, dtype checks and
+communication staging are exercised as they are on a GPU. What it holds to CuPy's behaviour:
+
+* a device array is not a NumPy array: ``np.asarray`` on one raises CuPy's ``TypeError``, a host
+  array passed to a device function raises, ``asarray``/``asnumpy`` are the only copies (and are
+  counted: ``TRANSFERS``);
+* only names the real CuPy has exist (when the real CuPy is installed: the test extra has it),
+  and a call whose arguments the real function's signature does not take raises;
+* ``ElementwiseKernel``/``ReductionKernel`` parse their parameter lists as CuPy does (NumPy dtype
+  names) and raise CuPy's "Type is mismatched" for arguments of another dtype (with the real
+  CuPy: through its own ``_decide_params_type``); each distinct launch is recorded in
+  ``LAUNCHES`` (the argument dtypes, shapes and the path CuPy would take, CUB or not) for
+  ``tests/cupy_nvrtc.py`` to build through CuPy's machinery and compile with NVRTC;
+* a kernel runs what its C code means, element by element: inputs broadcast to the output (to the
+  reduction's input for a ``ReductionKernel``), the reduction over the axes it is given, in its
+  accumulator type, the epilogue on the reduced value only (a ``broadcast_to`` is the identity in
+  C, so a kernel whose epilogue broadcasts returns the reduced shape, as on the GPU). The ops
+  are the reference's (``graph/reference.py``), which the generated expressions match op by op:
+  the expressions themselves are checked by compiling them, and on a GPU by ``bench/gpu_check.sh``.
+
+Not modelled: streams and asynchrony, memory pools, CuPy's own kernels' numerics (its ``sum``
+order, its ``erf``), NCCL.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import inspect
+import os
+import sys
+import types
+
+import numpy as np
+
+from replicate.backends.cuda_codegen import CTYPE, split_reduction
+from replicate.graph.reference import IMPL, reference_apply
+
+REAL = None          # the real cupy module, where it imports (no GPU needed)
+SPECS: dict = {}     # kernel constructor arguments -> the KernelSpec they were made from
+LAUNCHES: dict = {}  # launch signature -> KernelSpec (distinct launches, for compiling)
+TRANSFERS = {"to_device": 0, "to_host": 0}  # bytes
+CALLS = [0]          # kernel launches
+ACTIVE = False
+ACCUMULATOR = {c: np.dtype(name) for name, c in CTYPE.items()}
+CUB_MIN = 128        # CuPy's CUB reductions: at least this many elements reduced
+
+
+def _no_host_arrays(values):
+    for v in values:
+        if isinstance(v, np.ndarray) and v.ndim:
+            raise TypeError(f"Unsupported type {type(v)} (a host NumPy array passed to a "
+                            "device function: CuPy needs cupy.asarray first)")
+
+
+def unwrap(x):
+    if isinstance(x, ndarray):
+        return x._a
+    if isinstance(x, (list, tuple)):
+        return type(x)(unwrap(v) for v in x)
+    if isinstance(x, dict):
+        return {k: unwrap(v) for k, v in x.items()}
+    return x
+
+
+def wrap(x):
+    if isinstance(x, np.ndarray):
+        return ndarray(x)
+    if isinstance(x, np.generic):  # CuPy's reductions give 0-d arrays, never scalars
+        return ndarray(np.asarray(x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(wrap(v) for v in x)
+    return x
+
+
+class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
+    """A device array: a NumPy array that refuses to be one implicitly."""
+
+    __slots__ = ("_a",)
+    __hash__ = None
+
+    def __init__(self, a):
+        self._a = a
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    strides = property(lambda self: self._a.strides)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: ndarray(self._a.T))
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
+                        "`.get()` to construct a NumPy array explicitly.")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _no_host_arrays(inputs)
+        out = kwargs.get("out")
+        result = getattr(ufunc, method)(*unwrap(inputs), **unwrap(kwargs))
+        if out is not None:
+            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return wrap(result)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        if REAL is not None and not hasattr(REAL, func.__name__):
+            return NotImplemented  # NumPy then raises TypeError, as with CuPy
+        _no_host_arrays(args)
+        return wrap(func(*unwrap(args), **unwrap(kwargs)))
+
+    def __getitem__(self, index):
+        _no_host_arrays(index if isinstance(index, tuple) else (index,))
+        return wrap(self._a[unwrap(index)])
+
+    def __setitem__(self, index, value):
+        self._a[unwrap(index)] = unwrap(value)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (wrap(v) for v in self._a)
+
+    def __bool__(self):
+        return bool(self._a)
+
+    def __float__(self):
+        return float(self._a)
+
+    def __int__(self):
+        return int(self._a)
+
+    def __index__(self):
+        return self._a.__index__()
+
+    def __repr__(self):
+        return f"standin_{self._a!r}"
+
+    def get(self):
+        TRANSFERS["to_host"] += self._a.nbytes
+        return self._a.copy()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if callable(attr):
+            return lambda *a, **k: wrap(attr(*unwrap(a), **unwrap(k)))
+        return wrap(attr)
+
+
+def asarray(x, dtype=None):
+    if isinstance(x, ndarray):
+        return x if dtype is None or x.dtype == dtype else ndarray(x._a.astype(dtype))
+    a = np.array(x, dtype=dtype, copy=True)
+    TRANSFERS["to_device"] += a.nbytes
+    return ndarray(a)
+
+
+def asnumpy(x):
+    return x.get() if isinstance(x, ndarray) else np.asarray(x)
+
+
+def _checked(fn, name):
+    """``fn`` on device arrays, refusing the arguments the real CuPy's ``name`` refuses."""
+    real = getattr(REAL, name, None)
+    try:
+        signature = inspect.signature(real) if real is not None else None
+    except (TypeError, ValueError):  # a Cython function or ufunc without one
+        signature = None
+
+    def run(*args, **kwargs):
+        if signature is not None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"cupy.{name}: {e} (the real CuPy's signature)") from None
+        _no_host_arrays(args)
+        return wrap(fn(*unwrap(args), **unwrap(kwargs)))
+    run.__name__ = name
+    return run
+
+
+# -- kernels ------------------------------------------------------------------------------------
+def _param_dtypes(params: str):
+    """CuPy's reading of a parameter list: the type is a NumPy dtype name (``float`` is
+    float64; ``long long`` does not parse)."""
+    out = []
+    for p in (q.strip() for q in params.split(",") if q.strip()):
+        words = p.split()
+        if len(words) != 2:
+            raise TypeError(f"data type {' '.join(words[:-1])!r} not understood (CuPy "
+                            f"parameter {p!r})")
+        out.append(np.dtype(words[0]))
+    return out
+
+
+def _check_types(params, dtypes, what):
+    for i, (want, got) in enumerate(zip(params, dtypes)):
+        if want != got:
+            raise TypeError(f"Type is mismatched. {what}{i} {got} {want}")
+
+
+def _spec_for(cls, args, kwargs):
+    spec = SPECS.get(repr((cls, args, sorted(kwargs.items()))))
+    if spec is None:
+        raise RuntimeError(f"the CuPy stand-in runs only kernels that cuda_codegen.generate "
+                           f"made; {cls} {args[-1]!r} is not one")
+    return spec
+
+
+def _evaluate(nodes, env):
+    """The body's ops by the reference; ``broadcast_to`` is the identity, as in the kernel."""
+    for node in nodes:
+        args = [env[x.id] for x in node.inputs]
+        env[node.out.id] = args[0] if node.prim == "broadcast_to" else \
+            reference_apply(node, args)
+    return env
+
+
+def _inputs_env(spec, arrays):
+    env = {}
+    for i, x in enumerate(spec.body.graph.inputs):
+        if i in spec.consts:
+            env[x.id] = np.asarray(spec.consts[i], x.dtype)
+        else:
+            env[x.id] = arrays[spec.params.index(i)]
+    return env
+
+
+class ElementwiseKernel:
+    def __init__(self, in_params, out_params, operation, name="kernel", **kwargs):
+        args = (in_params, out_params, operation, name)
+        self.spec = _spec_for("ElementwiseKernel", args, kwargs)
+        self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
+        self.real = REAL.ElementwiseKernel(*args, **kwargs) if REAL is not None else None
+
+    def __call__(self, *args):
+        ins, outs = args[:len(self.in_types)], args[len(self.in_types):]
+        if len(ins) != len(self.in_types) or len(outs) != 1:
+            raise TypeError(f"Wrong number of arguments for {self.spec.name!r}")
+        for a in args:
+            if not isinstance(a, ndarray):
+                raise TypeError(f"Unsupported type {type(a)}")
+        dtypes = tuple(a.dtype for a in ins), tuple(a.dtype for a in outs)
+        _check_types(self.in_types, dtypes[0], "in")
+        _check_types(self.out_types, dtypes[1], "out")
+        if self.real is not None:
+            self.real._decide_params_type(*dtypes)
+        out = outs[0]
+        shape = np.broadcast_shapes(*(a.shape for a in args))
+        if shape != out.shape:
+            raise ValueError("Out shape is mismatched")
+        CALLS[0] += 1
+        LAUNCHES[("elementwise", self.spec.key, dtypes, out.ndim)] = self.spec
+        env = _inputs_env(self.spec, [np.broadcast_to(a._a, shape) for a in ins])
+        g = self.spec.body.graph
+        value = _evaluate(g.nodes, env)[g.outputs[0].id]
+        out._a[...] = np.broadcast_to(np.asarray(value).astype(out.dtype), shape)
+        return out
+
+
+class ReductionKernel:
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
+                 name="reduce_kernel", **kwargs):
+        args = (in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name)
+        self.spec = _spec_for("ReductionKernel", args, kwargs)
+        self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
+        self.real = REAL.ReductionKernel(*args, **kwargs) if REAL is not None else None
+
+    def __call__(self, *ins, axis=None):
+        if len(ins) != len(self.in_types):
+            raise TypeError(f"Wrong number of arguments for {self.spec.name!r}")
+        if not ins or not all(isinstance(a, ndarray) for a in ins):
+            raise TypeError(f"{self.spec.name}: a ReductionKernel needs array arguments")
+        dtypes = tuple(a.dtype for a in ins)
+        _check_types(self.in_types, dtypes, "in")
+        if self.real is not None:
+            from cupy._core import _reduction  # the real one (kept in sys.modules)
+            _reduction._decide_params_type(self.real.in_params, self.real.out_params, dtypes,
+                                           ())
+        arrays = np.broadcast_arrays(*(a._a for a in ins))
+        shape = arrays[0].shape
+        axes = tuple(range(len(shape))) if axis is None else \
+            tuple(sorted(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,))))
+        CALLS[0] += 1
+        LAUNCHES[("reduction", self.spec.key, dtypes, len(shape), axes,
+                  _cub_path(ins, shape, axes))] = self.spec
+        g, red = self.spec.body.graph, self.spec.body.reduction
+        pre, post = split_reduction(g.nodes, red)
+        env = _evaluate(pre, _inputs_env(self.spec, arrays))
+        acc = ACCUMULATOR[self.spec.reduce_type]  # the C type the kernel accumulates in
+        value = np.asarray(env[red.inputs[0].id]).astype(acc)
+        env[red.out.id] = np.asarray(IMPL[red.prim](np.broadcast_to(value, shape), axes=axes)
+                                     ).astype(acc)
+        env = _evaluate(post, env)
+        return ndarray(np.array(env[g.outputs[0].id], dtype=self.out_types[0]))
+
+
+def _cub_path(ins, shape, axes) -> str:
+    """Which kernel CuPy launches: its CUB block reduction for one C-contiguous input reduced
+    over trailing axes (two passes when it reduces everything), else its own."""
+    if len(ins) != 1 or not ins[0].flags.c_contiguous or ins[0].shape != shape or \
+            axes != tuple(range(len(shape) - len(axes), len(shape))):
+        return "simple"
+    size = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    if size < CUB_MIN:
+        return "simple"
+    return "cub-two-pass" if len(axes) == len(shape) else "cub"
+
+
+# -- the module ---------------------------------------------------------------------------------
+def _module_getattr(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name.startswith("_") and REAL is not None:  # the real CuPy's internals import "cupy"
+        return getattr(REAL, name)
+    if REAL is not None and not hasattr(REAL, name):
+        raise AttributeError(f"module 'cupy' has no attribute {name!r}")
+    obj = getattr(np, name)
+    if callable(obj) and not isinstance(obj, type):
+        return _checked(obj, name)
+    return obj
+
+
+def _scatter_add(out, index, g):
+    np.add.at(out._a, unwrap(index), unwrap(g))
+
+
+def _erf(x):
+    from replicate.graph.special import erf
+    return wrap(erf(x._a).astype(x.dtype))
+
+
+def _as_strided(x, shape=None, strides=None):
+    return ndarray(np.lib.stride_tricks.as_strided(x._a, shape, strides))
+
+
+def _make_modules() -> dict:
+    cp = types.ModuleType("cupy", "the CuPy stand-in of the tests (tests/cupy_standin.py)")
+    cp.__getattr__ = _module_getattr
+    cp.__version__ = "standin"
+    cp.ndarray, cp.asarray, cp.asnumpy = ndarray, asarray, asnumpy
+    cp.ElementwiseKernel, cp.ReductionKernel = ElementwiseKernel, ReductionKernel
+    cp.STANDIN = True
+    # CuPy's sorts are stable whatever ``kind`` says (NumPy's default quicksort is not)
+    cp.sort = _checked(lambda a, axis=-1, kind=None: np.sort(a, axis, kind="stable"), "sort")
+    cp.argsort = _checked(lambda a, axis=-1, kind=None: np.argsort(a, axis, kind="stable"),
+                          "argsort")
+    cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0)
+    cp.cuda = types.SimpleNamespace(runtime=runtime)
+    cx = types.ModuleType("cupyx", "the cupyx stand-in of the tests")
+    cx.scatter_add = _scatter_add
+    special = types.ModuleType("cupyx.scipy.special")
+    special.erf = _erf
+    scipy = types.ModuleType("cupyx.scipy")
+    scipy.special, cx.scipy = special, scipy
+    modules = {"cupy": cp, "cupyx": cx, "cupyx.scipy": scipy, "cupyx.scipy.special": special}
+    for name, module in modules.items():  # importlib.util.find_spec("cupy") works
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    return modules
+
+
+def _record_generate():
+    """Every kernel ``cuda_codegen.generate`` makes is registered, so a stand-in kernel built
+    from its pieces knows the fused body it runs."""
+    from replicate.backends import cuda_codegen
+    original = cuda_codegen.generate
+    if getattr(original, "standin", False):
+        return
+
+    def generate(node, consts, name):
+        spec = original(node, consts, name)
+        cls, args, kwargs = cuda_codegen.kernel_args(spec)
+        SPECS[repr((cls, args, sorted(kwargs.items())))] = spec
+        return spec
+    generate.standin = True
+    cuda_codegen.generate = generate
+
+
+def real_gpu() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - not installed, no driver, no device
+        return False
+
+
+def install() -> bool:
+    """Put the stand-in in place of ``cupy`` unless CuPy sees a GPU (or
+    ``REPLICATE_CUPY_STANDIN=0``); True when it is in place."""
+    global REAL, ACTIVE
+    if ACTIVE:
+        return True
+    if os.environ.get("REPLICATE_CUPY_STANDIN") == "0" or "replicate.backends.cupy_backend" \
+            in sys.modules or real_gpu():
+        return False
+    REAL = sys.modules.get("cupy")
+    if REAL is not None:
+        import cupy._core._reduction  # noqa: F401 - kept for the kernels' type checks
+    sys.modules.update(_make_modules())
+    _record_generate()
+    ACTIVE = True
+    return True
