@@ -11,7 +11,9 @@ one worker process per thread count:
 * ``jax.jit`` written by hand: the matmul inputs cast to bf16, float32 elsewhere (the same
   casts as replicate's autocast, the product in bf16), and once more with the products asked
   for in float32 (``preferred_element_type``: the form XLA's CPU backend runs as a bf16 kernel;
-  its fp32 column is the plain ``jax.jit`` row);
+  its fp32 column is the plain ``jax.jit`` row). Their gradient products are JAX's autodiff's,
+  which XLA upcasts to float32 dots (a transposed operand); replicate's JAX backend writes
+  those in the kernel's form too (``jax_impl._bf16_matmul``);
 * PyTorch eager with ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 
 Targets (issue 15): replicate's JAX backend in bf16 no slower than in float32, and within 1.2x
@@ -78,7 +80,8 @@ def replicate_build(params, x, y, backend, bf16):
 def jax_build(params, x, y, bf16, f32_out=False):
     """``bf16``: matmul inputs cast to bf16 and the product in bf16 (what ``a @ w`` gives, and
     what replicate's autocast asks for); with ``f32_out`` the product is asked for in float32
-    (``preferred_element_type``), the form XLA's CPU backend runs as a bf16 kernel."""
+    (``preferred_element_type``), the form XLA's CPU backend runs as a bf16 kernel (the forward
+    products: autodiff's gradient products read transposed operands, which XLA upcasts)."""
     import jax
     import jax.numpy as jnp
 

@@ -178,8 +178,52 @@ def _top_k_indices(x, k):
     return lax.top_k(x, k)[1]
 
 
+def _swaps_last_two(x) -> bool:
+    """Graph value ``x`` is a ``transpose`` of its operand's last two axes (``swapaxes(a, -1,
+    -2)``, ``a.T`` of a matrix: how the matmul gradients read their operands)."""
+    if x.node is None or x.node.prim != "transpose":
+        return False
+    perm = tuple(x.node.attrs["perm"])
+    n = len(perm)
+    return n >= 2 and perm == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _row_major(x):
+    """``x`` copied into row-major memory. XLA lays a transpose's result out transposed (it is a
+    bitcast); the barrier keeps the flat copy from being folded back into the dot."""
+    return lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
+
+
+def _bf16_matmul(node, a, b):
+    """A bfloat16 product in the form XLA's CPU bf16 dot kernel (YNNPACK) takes, or None. That
+    kernel runs a dot whose operands are row-major in memory and whose left operand contracts its
+    last axis; XLA upcasts every other bf16 dot to float32 (its operand_upcaster pass), which is
+    what the gradient products ``g @ swapaxes(w)`` and ``swapaxes(x) @ g`` became. So a
+    transposed left operand is copied row-major (a copy of the activations: far cheaper than the
+    float32 dot), and a transposed right operand of a matrix product is read untransposed with
+    its last axis contracted (the kernel takes that as it is). Values are unchanged: the same
+    float32 accumulation, rounded by ``apply``. bench/RESULTS.md, "Mixed precision"."""
+    if a.ndim < 2 or b.ndim < 2 or not (jnp.result_type(a) == jnp.result_type(b)
+                                         == jnp.bfloat16):
+        return None
+    left, right = (_swaps_last_two(x) for x in node.inputs)
+    if not (left or right):
+        return None
+    if left:
+        a = _row_major(a)
+    if right and a.ndim == b.ndim == 2:
+        return lax.dot_general(a, b.T, (((1,), (1,)), ((), ())), precision=PRECISION,
+                               preferred_element_type=jnp.float32)
+    return jnp.matmul(a, _row_major(b) if right else b, precision=PRECISION,
+                      preferred_element_type=jnp.float32)
+
+
 def apply(node, args):
     """Run ``node``'s rule on ``args``, with the result in the node's dtype."""
+    if node.prim == "matmul":
+        value = _bf16_matmul(node, *args)
+        if value is not None:
+            return value.astype(node.out.aval.dtype)
     return reference.apply(JAX, node, args)
 
 
