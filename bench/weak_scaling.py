@@ -3,7 +3,10 @@
 Model: the MLP 784-1024-1024-10 of ``step_time.py``, softmax cross-entropy, SGD, float32, batch
 256 per replica, gradients averaged over all replicas every step (``rp.wrap_optimizer`` /
 ``DistributedDataParallel`` with gloo). Each process is one replica. Efficiency at 2 processes
-is ``samples/s (2 processes) / (2 x samples/s (1 process))``.
+is ``samples/s (2 processes) / (2 x samples/s (1 process))``. Two reference rows in the same
+run: the step in hand-written NumPy with one mpi4py ``Allreduce`` of the packed gradients (the
+raw-MPI peer), and the same without any communication — two processes that share nothing but
+the machine (its memory bandwidth and caches), the ceiling this machine allows.
 
     python bench/weak_scaling.py            # runs mpiexec -n 1 and -n 2 itself
     python bench/weak_scaling.py --quick
@@ -29,7 +32,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
-from step_time import LR, MLP_SIZES, mlp_init, mlp_sizes, torch_model  # noqa: E402
+from step_time import (  # noqa: E402
+    LR,
+    MLP_SIZES,
+    mlp_init,
+    mlp_sizes,
+    numpy_softmax_xent_grad,
+    torch_model,
+)
 
 BATCH = 256
 
@@ -88,8 +98,55 @@ def ddp_runner(comm, params, x, y):
     return run
 
 
+def hand_runner(comm, params, x, y, communicate):
+    """The same step in hand-written NumPy (``step_time.numpy_mlp_step``'s maths); with
+    ``communicate``, the gradients packed into one buffer and averaged by one mpi4py
+    ``Allreduce`` before the update (what a careful hand-written data-parallel program does);
+    without, no communication at all: the ceiling this machine allows two processes."""
+    import numpy as np
+    from mpi4py import MPI
+
+    params = [p.copy() for p in params]
+    flat = np.empty(sum(p.size for p in params), np.float32)
+    size = comm.Get_size()
+
+    def step():
+        w1, b1, w2, b2, w3, b3 = params
+        h1 = x @ w1 + b1
+        a1 = np.maximum(h1, 0)
+        h2 = a1 @ w2 + b2
+        a2 = np.maximum(h2, 0)
+        loss, dz = numpy_softmax_xent_grad(a2 @ w3 + b3, y)
+        da2 = dz @ w3.T
+        da2 *= h2 > 0
+        da1 = da2 @ w2.T
+        da1 *= h1 > 0
+        grads = (x.T @ da1, da1.sum(0), a1.T @ da2, da2.sum(0), a2.T @ dz, dz.sum(0))
+        if communicate:
+            offset = 0
+            for g in grads:
+                flat[offset:offset + g.size] = g.reshape(-1)
+                offset += g.size
+            comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+            np.multiply(flat, np.float32(1.0 / size), out=flat)
+            offset, grads = 0, []
+            for p in params:
+                grads.append(flat[offset:offset + p.size].reshape(p.shape))
+                offset += p.size
+        for p, g in zip(params, grads):
+            p -= np.float32(LR) * g
+        return loss
+
+    def run(steps):
+        for _ in range(steps):
+            loss = step()
+        return float(loss)
+    return run
+
+
 ROWS = ("replicate graph numpy", "replicate graph jax", "replicate eager (numpy)",
-        "PyTorch DDP (gloo)")
+        "PyTorch DDP (gloo)", "hand NumPy + mpi4py Allreduce", "hand NumPy, no communication")
+CEILING = "hand NumPy, no communication"
 
 
 def worker(args):
@@ -108,6 +165,8 @@ def worker(args):
     rounds = 2 if args.quick else args.rounds
     if args.row == "PyTorch DDP (gloo)":
         run = ddp_runner(comm, params, x, y)
+    elif args.row.startswith("hand NumPy"):
+        run = hand_runner(comm, params, x, y, communicate=args.row != CEILING)
     else:
         mode = "eager" if "eager" in args.row else "graph"
         run = replicate_runner(params, x, y, mode, args.row.split()[-1].strip("()"))
@@ -194,6 +253,10 @@ def report(results, command, quick):
                      "note"], cells), ""]
     ddp = eff.get("PyTorch DDP (gloo)")
     lines = []
+    ceiling = eff.get(CEILING)
+    if ceiling is not None:
+        lines.append(f"the ceiling on this machine (two processes that never communicate) is "
+                     f"{ceiling * 100:.0f} %")
     for name, e in eff.items():
         if not name.startswith("replicate"):
             continue
