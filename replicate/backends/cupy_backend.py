@@ -43,14 +43,6 @@ from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
 from .numpy_backend import kernels
 
-try:
-    _DEVICES = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # no driver, or no device
-    _DEVICES = 0
-if not _DEVICES:
-    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here (CuPy "
-                         "for CUDA 12: pip install 'replicate[cuda12]', for CUDA 13: "
-                         "'replicate[cuda13]')")
 place()  # GPU (local rank % device count)
 
 name = "cupy"

@@ -15,8 +15,17 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
+from ..errors import ReplicateError
 from .base import PLACEMENT, Device
 
+try:
+    _DEVICES = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # no driver, or no device
+    _DEVICES = 0
+if not _DEVICES:  # (before anything of the backend is kept in sys.modules)
+    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here (CuPy "
+                         "for CUDA 12: pip install 'replicate[cuda12]', for CUDA 13: "
+                         "'replicate[cuda13]')")
 _KDL_CUDA = 2  # DLPack's device type of CUDA memory
 
 
