@@ -162,6 +162,12 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def device(self):
         return _CUDA.Device(_CUDA.STATE.device)
 
+    @property
+    def __cuda_array_interface__(self):  # as CuPy's (an MPI reads the memory it points at)
+        return {"shape": self._a.shape, "typestr": self._a.dtype.str, "version": 3,
+                "data": (self._a.ctypes.data, False),
+                "strides": None if self._a.flags.c_contiguous else self._a.strides}
+
     def __dlpack_device__(self):
         return (2, _CUDA.STATE.device)  # kDLCUDA: a consumer on the host must copy (``get``)
 
