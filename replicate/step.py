@@ -187,10 +187,10 @@ class CompiledStep:
         if device is None:
             inputs = leaves + [v.value for v in meta.variables]
         else:
-            inputs = [device.to_device(x) for x in leaves] + \
-                [v.device_value(device) for v in meta.variables]
-        if keep_inputs:
-            self.last_inputs = inputs if device is None else [device.to_host(x) for x in inputs]
+            inputs = leaves + [v.device_value(device) for v in meta.variables]  # (``run``
+            # copies the leaves up: host index arrays among them are bounds-checked first)
+        if keep_inputs:  # (device arrays stay there: copied down only if the NaN finder runs)
+            self.last_inputs = inputs
         outs = self.executable.run(inputs)
         n, k = meta.num_results, meta.replicas
         results = outs[:n * k]

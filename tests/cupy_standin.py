@@ -44,9 +44,9 @@ import re
 import sys
 import types
 
+import cupy_standin_cuda as _CUDA
 import numpy as np
 
-import cupy_standin_cuda as _CUDA
 from replicate.backends.cuda_codegen import CTYPE, KernelSpec, split_reduction
 from replicate.graph.reference import IMPL, reference_apply
 

@@ -19,8 +19,8 @@
 Device-resident (``DEVICE``, ``cupy_device.py``): ``run`` takes host or device arrays and
 returns device arrays; a step keeps its variables on the device between calls, constants are
 copied up once, at lowering, and ``DEVICE.transfers`` counts every byte that crosses.
-An index array is bounds-checked on the device (CuPy wraps an out-of-range index around, NumPy
-raises); the flags are read once, at the end of the call: one byte per indexing op.
+Index arrays are bounds-checked (CuPy wraps an out-of-range index around, NumPy raises): on the
+host before they go up when they are batch leaves, else on the device (``cupy_index.py``).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import numpy as np
 from ..debug import debug_enabled
 from ..errors import ReplicateError
 from ..graph.conv import ROWS as CONV_ROWS
-from ..graph.index_check import index_bounds_error, index_bounds_flag
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
-from ..graph.reference import IMPL, MOVES, table
+from ..graph.reference import MOVES, table
 from . import cuda_codegen, cuda_random
 from .base import Executable
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
+from .cupy_index import IndexChecks
 from .numpy_backend import kernels
 
 place()  # GPU (local rank % device count)
@@ -152,7 +152,7 @@ def _op_fn(node, checks):
     fn = DEVICE_RULES[node.prim]
     attrs, dtype = node.attrs, node.out.dtype
     if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
-        return _checked_indexing(fn, attrs, dtype, node, checks)
+        return checks.wrap(fn, node)  # bounds checked (CuPy wraps around, NumPy raises)
 
     def run(*xs):
         value = cupy.asarray(fn(*xs, **attrs))
@@ -160,37 +160,12 @@ def _op_fn(node, checks):
     return run
 
 
-def _checked_indexing(fn, attrs, dtype, node, checks):
-    """CuPy wraps an out-of-range index around (NumPy raises): each index array is checked on
-    the device (one flag, appended to ``checks``), read with the others at the end of the call,
-    which raises NumPy's ``IndexError`` (before any variable is written)."""
-    shape = node.inputs[0].shape if node.prim == "getitem" else attrs["shape"]
-
-    def run(x, *idx):
-        flag = index_bounds_flag(shape, attrs["index"], idx, cupy)
-        if flag is not None:
-            checks.append((flag, node, idx))
-        value = cupy.asarray(fn(x, *idx, **attrs))
-        return value if value.dtype == dtype else value.astype(dtype)
-    return run
-
-
-def _raise_index_errors(checks):
-    flags = DEVICE.to_host(cupy.stack([flag for flag, _, _ in checks]))
-    for hit, (_, node, idx) in zip(flags, checks):
-        if hit:
-            shape = node.inputs[0].shape if node.prim == "getitem" else node.attrs["shape"]
-            host = [DEVICE.to_host(i) for i in idx]
-            error = IndexError(index_bounds_error(shape, node.attrs["index"], host))
-            note_failure(error, node, [])
-            raise error
-
-
 def lower(graph):
     cuda_codegen.refuse_bfloat16(graph)
     producer = {n.out.id: n for n in graph.nodes}
     slot = {x.id: i for i, x in enumerate(graph.inputs)}
-    template, consts, steps, checks = [None] * len(graph.inputs), set(), [], []
+    template, consts, steps = [None] * len(graph.inputs), set(), []
+    checks = IndexChecks(graph, cupy, DEVICE)
     for k, node in enumerate(graph.nodes):
         slot[node.out.id] = len(slot)
         if node.prim == "const":  # copied to the device once, here
@@ -211,17 +186,16 @@ def lower(graph):
     def run(inputs):
         if len(inputs) != n_in:
             raise ValueError(f"expected {n_in} inputs, got {len(inputs)}")
+        checks.before(inputs)
         env = template.copy()
         env[:n_in] = [DEVICE.to_device(x) for x in inputs]
-        checks.clear()
         for fn, args, out, node in steps:
             try:
                 env[out] = fn(*[env[a] for a in args])
             except Exception as e:  # name the op and the user's line that made it
                 note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
-        if checks:
-            _raise_index_errors(checks)
+        checks.after()
         # a constant leaves as a copy: the one kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 

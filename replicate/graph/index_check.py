@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _checks(shape, index, arrays):
+def index_axes(shape, index, arrays) -> list:
     """(axis, index array, axis size) of each index array of ``index`` that meets an axis."""
     consumed = sum(entry[0] in ("int", "slice", "array") for entry in index)
     axes, axis = [], 0
@@ -25,7 +25,7 @@ def index_bounds_flag(shape, index, arrays, xp=np):
     """One boolean (a 0-d array of ``xp``): whether any index array holds an index outside its
     axis; None when nothing is indexed by an array. Computed where the arrays are (a device
     backend reads it later, with others: no synchronisation per op)."""
-    checks = _checks(shape, index, arrays)
+    checks = index_axes(shape, index, arrays)
     if not checks:
         return None
     bad = [xp.any((idx < -n) | (idx >= n)) for _, idx, n in checks]
@@ -43,7 +43,7 @@ def index_bounds_error(shape, index, arrays, xp=np) -> str | None:
     'index 12 is out of bounds for axis 0 with size 10'
     >>> index_bounds_error((10, 4), (("slice", None, None, None), ("array", 0)), [np.array([-4])])
     """
-    checks = _checks(shape, index, arrays)
+    checks = index_axes(shape, index, arrays)
     if not checks:
         return None
     bad = [xp.any((idx < -n) | (idx >= n)) for _, idx, n in checks]
@@ -58,4 +58,4 @@ def index_bounds_error(shape, index, arrays, xp=np) -> str | None:
     return None
 
 
-__all__ = ["index_bounds_error", "index_bounds_flag"]
+__all__ = ["index_axes", "index_bounds_error", "index_bounds_flag"]

@@ -22,10 +22,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: conftest installs the CuPy stand-in
 os.environ["REPLICATE_STANDIN_DEVICES"] = "2"
 
-import conftest  # noqa: E402, F401
 import cupy_standin  # noqa: E402
-import replicate as rp  # noqa: E402
 import test_backend_parity as P  # noqa: E402
+
+import conftest  # noqa: E402, F401
+import replicate as rp  # noqa: E402
 from replicate.backends import cupy_comm, cupy_device  # noqa: E402
 from replicate.runtime import gpu_transport  # noqa: E402
 
