@@ -51,9 +51,9 @@ def one():
 
 def shared():
     import numpy as np
+    import test_backend_parity as P
 
     import replicate as rp
-    import test_backend_parity as P
     from replicate.backends import cupy_comm
     from replicate.runtime import gpu_transport
 
