@@ -86,9 +86,9 @@ def test_a_steady_state_step_moves_only_the_batch_in_and_the_loss_out():
     assert all(v.on_device is DEVICE for v in state)
     g = rp.function(step2)
     want = [float(g(x, y)) for x, y in batches]
-    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    np.testing.assert_allclose(losses, want, rtol=1e-4)  # float32 (cuBLAS on a GPU)
     for a, b in zip(model.parameters().values(), model2.parameters().values()):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_numpy_copies_a_device_value_once_and_host_writes_go_back_up_once():
@@ -236,8 +236,8 @@ def test_constants_and_random_bits_are_made_once_and_on_the_device():
     table = np.linspace(0.0, 1.0, 1000)
 
     def draw(key, x):
-        u = rnp.random.uniform(key, (64,), np.float32)
-        return rnp.sum(u) + rnp.sum(table * x), rnp.random.split(key, 3)
+        return rnp.random.uniform(key, (64,), np.float32), rnp.random.split(key, 3), \
+            rnp.sum(table * x)
 
     f = rp.function(draw, backend="cupy")
     key = rnp.random.key(3).numpy()
@@ -246,8 +246,9 @@ def test_constants_and_random_bits_are_made_once_and_on_the_device():
     got, moved, standin = _counted(lambda: f(key, np.float64(2.0)))
     assert moved == standin and moved["to_device"] == key.nbytes + 8, moved
     want = rp.function(draw)(key, np.float64(2.0))
-    for a, b in zip(got, want):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    for a, b in zip(got[:2], want[:2]):  # the random bits: NumPy's, bit for bit
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-12)
 
 
 def test_transport_choice():
