@@ -216,6 +216,8 @@ def test_function_returns_cupy_arrays_when_given_them_without_copying_them():
     assert isinstance(b, cupy.ndarray) and b.get().tolist() == [0, 1, 2]
     host = f(np.arange(3, dtype=np.float32))
     assert type(host[0]) is np.ndarray  # NumPy in, NumPy out
+    v = rp.Variable(x * 2, name="from_cupy")  # a Variable made from a device array
+    assert v.numpy().tolist() == [0, 2, 4] and v.on_device is None
 
 
 @pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
