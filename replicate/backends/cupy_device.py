@@ -5,9 +5,10 @@ The step keeps the variables here between calls (``replicate/step.py``), so a st
 copies up only its batch and copies down only its results — those in one transfer
 (``to_host_many`` packs them into one buffer first: one synchronisation, not one per result).
 
-Placement: on import the process takes GPU ``local rank % device count`` (the local rank from
-the MPI shared-memory split, ``replicate/runtime/gpu_transport.py``; 0 without MPI), so ranks
-on one machine spread over its GPUs; ``CUDA_VISIBLE_DEVICES`` narrows what it sees as usual.
+Placement: on import, under MPI, the process takes GPU ``local rank % device count`` (the local
+rank from the MPI shared-memory split, ``replicate/runtime/gpu_transport.py``), so ranks on one
+machine spread over its GPUs; a single process keeps its current device;
+``CUDA_VISIBLE_DEVICES`` narrows what a process sees as usual.
 """
 
 from __future__ import annotations
@@ -78,13 +79,13 @@ DEVICE = CupyDevice()
 
 
 def place() -> int:
-    """Use GPU ``local rank % device count`` (``PLACEMENT``, set by the runtime; 0 without it);
-    returns its index."""
-    count = cupy.cuda.runtime.getDeviceCount()
+    """Use GPU ``local rank % device count`` under MPI (``PLACEMENT``, set by the runtime); a
+    single process keeps its current device. Returns the device's index."""
     choose = PLACEMENT.get("cupy")
-    index = choose(count) if choose is not None else 0
-    cupy.cuda.Device(index).use()
-    return index
+    index = choose(cupy.cuda.runtime.getDeviceCount()) if choose is not None else None
+    if index is not None:
+        cupy.cuda.Device(index).use()
+    return cupy.cuda.runtime.getDevice()
 
 
 __all__ = ["DEVICE", "CupyDevice", "place"]

@@ -1,7 +1,7 @@
 """GPU collectives: which GPU a process uses, and how a device backend's processes communicate.
 
-**Placement.** A process takes GPU ``local rank % device count``, its local rank from MPI's
-shared-memory split (``MPIComm.local_rank``; 0 without MPI).
+**Placement.** Under MPI a process takes GPU ``local rank % device count``, its local rank from
+MPI's shared-memory split (``MPIComm.local_rank``); a single process keeps its current device.
 
 **Transport** (chosen once per process, at the first communication of a device step — every rank
 reaches it at the same node of the same schedule — from facts every rank gathers first, so all
@@ -137,9 +137,13 @@ def nccl_module():
     return module if getattr(module, "available", False) else None
 
 
-def place(count: int) -> int:
-    """This process's GPU: local rank % ``count``."""
-    return getattr(world(), "local_rank", 0) % max(1, count)
+def place(count: int) -> int | None:
+    """This process's GPU under MPI: local rank % ``count``; None for a single process (it keeps
+    the device it chose, ``cupy.cuda.Device(i).use()``, or CuPy's default)."""
+    comm = world()
+    if comm.size == 1:
+        return None
+    return comm.local_rank % max(1, count)
 
 
 def for_device(device):
