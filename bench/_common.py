@@ -23,6 +23,10 @@ from dataclasses import asdict, dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
+sys.path.insert(1, os.path.dirname(HERE))  # the checkout's replicate, when not installed
+from replicate.launch import gpu_environment  # noqa: E402
+
+gpu_environment(os.environ)  # JAX on a GPU: no preallocation, deterministic ops (unless set)
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 

@@ -10,7 +10,12 @@
 #    `cupy` and `jax` against the NumPy reference;
 # 3. the oracle on the GPU: k = 1, 2, 4 replicas in one process (cupy and jax vs numpy), and
 #    2 ranks sharing the GPU (host-staged MPI) under mpiexec;
-# 4. benchmarks: the 8-op elementwise chain on 16 M float32 vs cupy.fuse, jax.jit, CuPy op by op
+# 4. device residency: variables stay on the GPU between steps, a steady-state step copies up
+#    only its batch and down only its outputs (tests/test_device_state.py, on the GPU);
+# 5. NCCL structurally: a 1-rank communicator through the NCCL transport; 2 ranks on the one GPU:
+#    REPLICATE_TRANSPORT=nccl refused with a clear message, the automatic choice host-staged,
+#    NCCL's own init failing cleanly (bench/gpu_nccl_check.py);
+# 6. benchmarks: the 8-op elementwise chain on 16 M float32 vs cupy.fuse, jax.jit, CuPy op by op
 #    and the device copy bandwidth; the MLP and conv steps vs PyTorch eager / torch.compile and
 #    jax.jit, with kernels and host<->device bytes per step.
 #
@@ -19,7 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export REPLICATE_CUPY_STANDIN=0          # the real CuPy on the real GPU, never the stand-in
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # (as replicate.launch.gpu_environment sets them)
+export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_deterministic_ops=true"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start )) s)"; }
@@ -87,6 +93,15 @@ for k in (1, 2, 4):
 EOF
 step "oracle: 2 ranks sharing the GPU (host-staged MPI)"
 run_pytest tests/test_backend_parity.py -k "two_processes"
+
+step "device residency: state on the GPU, bytes per step"
+run_pytest tests/test_device_state.py
+step "NCCL structurally: a 1-rank communicator"
+python bench/gpu_nccl_check.py one
+step "NCCL structurally: 2 ranks on one GPU (refused cleanly; host-staged automatically)"
+MPIEXEC="$(dirname "$(python -c 'import sys; print(sys.executable)')")/mpiexec"
+timeout 300 "$MPIEXEC" -n 2 python bench/gpu_nccl_check.py shared \
+  || { echo "gpu_check: the 2-rank NCCL check failed or hung"; exit 1; }
 
 step "benchmark: 8-op elementwise chain (cupy backend vs cupy.fuse, jax.jit, copy bandwidth)"
 python bench/fusion.py --threads 1

@@ -32,11 +32,19 @@ def builders(kind, quick):
     out = {}
 
     def rep():
+        from replicate.backends.cupy_device import DEVICE
+
         f = S.replicate_step(kind, params, "graph", "cupy")
         exe = f.executable(x, y)
-        moved = sum(a.nbytes for a in exe.graph.inputs) + sum(a.nbytes for a in exe.graph.outputs)
+        f(x, y)  # the first call copies the variables up, once
+        before = dict(DEVICE.transfers)
+        f(x, y)
+        up, down = (DEVICE.transfers[k] - before[k] for k in ("to_device", "to_host"))
+        state = sum(v.size * v.dtype.itemsize for v in exe.graph.inputs[2:])
         print(f"  {kind}: cupy backend launches {len(exe.kernels)} kernels/library calls per "
-              f"step; host<->device {moved / 1e6:.2f} MB per step (inputs and outputs)")
+              f"step; host->device {up} B (the batch: {x.nbytes + np.asarray(y).nbytes} B), "
+              f"device->host {down} B per step; the state ({state / 1e6:.2f} MB) stays on "
+              "the GPU")
         return (lambda: f(x, y)), sync_cp
     out["replicate graph cupy"] = rep
 

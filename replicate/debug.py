@@ -1,7 +1,8 @@
 """Debug output switched on by ``REPLICATE_DEBUG`` (comma-separated flags).
 
 ``ir``: the step's graph after tracing and after the step pipeline; ``passes``: the graph after
-every pass; ``cuda``: the generated CUDA source of each kernel.
+every pass; ``cuda``: the generated CUDA source of each kernel; ``transport``: which transport
+carries a device backend's collectives, and why (``runtime/gpu_transport.py``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from .compiler import CompileOptions, compile_step
 from .errors import ReplicateError
 from .graph.core import Array
 from .graph.trace import signature
+from .interop import as_kind, device_kind
 from .numpy import as_array
 from .step import StepCache, batch_leaves
 
@@ -65,8 +66,21 @@ class Function:
             args = tree.tree_map(lambda x: x if isinstance(x, str) else as_array(x), args)
             return tree.tree_map(to_numpy, self.fn(*args))
         step = self._entry(args)
-        (results,) = step(batch_leaves([args]))
+        leaves = batch_leaves([args], step.device)
+        kind = device_kind(tree.flatten(args)[0])  # given CuPy/JAX arrays: return them
+        (results,) = step(leaves, on_device=kind is not None)
+        if kind is not None:
+            results = self._as_kind(step, results, kind)
         return tree.unflatten(step.graph.meta.out_tree, results)
+
+    @staticmethod
+    def _as_kind(step, results, kind):
+        device, run = step.device, step.executable.run
+        behind = getattr(run, "device_array", None)  # JAX: the device array behind an output
+        if kind == "jax" and behind is not None:
+            results = [behind(x) if behind(x) is not None else x for x in results]
+        return [as_kind(x, kind, device.to_host if device is not None else np.asarray)
+                for x in results]
 
     def _entry(self, args):
         key = signature(args)

@@ -9,9 +9,13 @@ batches accept.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .errors import ReplicateError
+
+DEVICE_KINDS = ("cupy", "jax")  # the device arrays that ``rp.function`` returns when given them
 
 
 def is_foreign(x) -> bool:
@@ -42,4 +46,38 @@ def from_foreign(x) -> np.ndarray:
             from None
 
 
-__all__ = ["from_foreign", "is_foreign"]
+def _array_type(kind):
+    """CuPy's or JAX's array type, where the user's program imported the library (never
+    imported here: a value of it cannot exist otherwise)."""
+    module = sys.modules.get(kind)
+    return getattr(module, "ndarray" if kind == "cupy" else "Array", None)
+
+
+def device_kind(leaves) -> str | None:
+    """``"cupy"`` or ``"jax"``: the library of the first of ``leaves`` that is one of its arrays
+    (a call given device arrays returns them), or None."""
+    for x in leaves:
+        for kind in DEVICE_KINDS:
+            cls = _array_type(kind)
+            if cls is not None and isinstance(x, cls):
+                return kind
+    return None
+
+
+def as_kind(x, kind: str, to_host=np.asarray):
+    """``x`` (a NumPy array, or a CuPy/JAX array) as an array of ``kind``: through DLPack without
+    a copy where both live on one GPU, else through the host (``to_host``: how a device array
+    is copied down)."""
+    cls = _array_type(kind)
+    if cls is not None and isinstance(x, cls):
+        return x
+    module = sys.modules["cupy" if kind == "cupy" else "jax.numpy"]
+    if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+        try:  # GPU to GPU (a JAX array for CuPy, a CuPy array for JAX): no copy
+            return module.from_dlpack(x)
+        except Exception:  # noqa: BLE001 - not on one device (a CPU JAX array): via the host
+            pass
+    return module.asarray(np.asarray(to_host(x)))
+
+
+__all__ = ["as_kind", "device_kind", "from_foreign", "is_foreign"]

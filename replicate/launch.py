@@ -122,6 +122,30 @@ def share_threads(environ, nprocs: int) -> None:
             environ[var] = threads
 
 
+XLA_MEMORY_VARIABLES = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                        "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def gpu_environment(environ) -> None:
+    """JAX on a GPU, as the launcher, the tests and the benchmarks start it: XLA takes memory as
+    it needs it instead of 75 % of the GPU up front (``XLA_PYTHON_CLIENT_PREALLOCATE=false``:
+    two ranks on one GPU, or JAX beside CuPy, would run out), and its GPU ops are deterministic
+    (``--xla_gpu_deterministic_ops=true``: a scatter-add without atomics, so results are bitwise
+    the same run to run). Each is left as the user set it: any of ``XLA_MEMORY_VARIABLES``, or
+    the flag named in ``XLA_FLAGS``. Must run before JAX makes its first array.
+
+    >>> env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}
+    >>> gpu_environment(env)
+    >>> "XLA_PYTHON_CLIENT_PREALLOCATE" in env, env["XLA_FLAGS"]
+    (False, '--xla_gpu_deterministic_ops=true')
+    """
+    if not any(environ.get(v, "").strip() for v in XLA_MEMORY_VARIABLES):
+        environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    flags = environ.get("XLA_FLAGS", "")
+    if "xla_gpu_deterministic_ops" not in flags:
+        environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+
+
 def _at(record) -> str:
     return "before its first step" if record["step"] is None else f"at step {record['step']}"
 
@@ -265,6 +289,7 @@ def main(argv=None) -> int:
     cmd = command(nprocs, script, args, module, mpi_args)
     env = dict(os.environ)
     share_threads(env, nprocs)
+    gpu_environment(env)
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
     with tempfile.TemporaryDirectory(prefix="replicate-launch-") as folder:

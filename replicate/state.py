@@ -28,6 +28,7 @@ from .graph.core import (
     numpy_array_ufunc,
     numpy_function_error,
 )
+from .interop import from_foreign, is_foreign
 from .numpy import _install_operators, as_array, cast
 
 _counter = itertools.count()
@@ -83,6 +84,8 @@ class Variable:
 
     def __init__(self, value, name: str | None = None, dtype=None, *, local: bool = False,
                  per_replica: bool = False):
+        if is_foreign(value):  # a CuPy, JAX or PyTorch array: its values, on the host
+            value = from_foreign(value)
         value = np.array(value.numpy() if isinstance(value, (Array, Variable)) else value,
                          dtype=None if dtype is None else as_dtype(dtype))
         if not is_supported(value.dtype):
@@ -96,6 +99,7 @@ class Variable:
         self.per_replica = bool(per_replica)
         # per replica: (replicas in this process, ...); until a step uses it, the one starting
         # value every replica begins from (leading axis 1, ``_fresh``)
+        self._device = None  # (Device, array): the value in a device backend's memory
         self.value = value[None].copy() if per_replica else value
         self._fresh = self.per_replica
         self._eager: Array | None = None
@@ -107,9 +111,42 @@ class Variable:
         """'file:line: code' of the user's code that created this variable."""
         return source_line(self._created)
 
+    # -- where the value lives ------------------------------------------------------------------
+    # A device backend's step (cupy) keeps the value in device memory between steps: ``_device``
+    # holds it and ``_host`` is None until something on the host reads ``value`` (a checkpoint,
+    # ``numpy()``, an eager step, a sync check), which copies it down once; a write on the host
+    # drops the device copy, and the next device step copies the new value up once.
+    @property
+    def value(self) -> np.ndarray:
+        """The value as a NumPy array (copied from the device if a device step wrote it)."""
+        if self._host is None:
+            device, array = self._device
+            self._host = device.to_host(array)
+        return self._host
+
+    @value.setter
+    def value(self, value) -> None:
+        self._host, self._device = value, None
+
+    @property
+    def held(self):
+        """The newest value where it is (a NumPy or a device array), without copying."""
+        return self._host if self._host is not None else self._device[1]
+
+    @property
+    def on_device(self):
+        """The ``Device`` holding the newest value, or None when the host holds it."""
+        return self._device[0] if self._host is None else None
+
+    def device_value(self, device):
+        """The value in ``device``'s memory: copied up once, then kept there."""
+        if self._device is None or self._device[0] is not device:
+            self._device = (device, device.to_device(self.value))
+        return self._device[1]
+
     # (a per-replica variable: one replica's value)
-    shape = property(lambda self: self.value.shape[1:] if self.per_replica else self.value.shape)
-    dtype = property(lambda self: self.value.dtype)
+    shape = property(lambda self: self.held.shape[1:] if self.per_replica else self.held.shape)
+    dtype = property(lambda self: self.held.dtype)
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
 
@@ -122,11 +159,11 @@ class Variable:
         """A per-replica variable used by a step of ``k`` replicas in this process: a fresh one
         gives each replica the starting value; one that holds values of another number of
         replicas is an error (they would be dropped or invented)."""
-        if self.value.shape[0] == k:
+        if self.held.shape[0] == k:
             return
         if not self._fresh:
             raise ReplicateError(
-                f"per-replica Variable {self.name!r} holds the values of {self.value.shape[0]} "
+                f"per-replica Variable {self.name!r} holds the values of {self.held.shape[0]} "
                 f"replica(s) in this process; a step of {k} replica(s) per process uses it. "
                 f"Create it anew (or assign it outside a step) for another layout "
                 f"(created at {self.created_at})")
@@ -173,17 +210,22 @@ class Variable:
             self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf
 
-    def load(self, value) -> None:
+    def load(self, value, device=None) -> None:
         """Replace the value from outside any step (a compiled step writing its update back, a
         checkpoint restored): the next eager read starts a fresh tape leaf. A per-replica
-        variable takes its local replicas' values stacked, ``(k, ...)``."""
+        variable takes its local replicas' values stacked, ``(k, ...)``. ``device``: ``value``
+        is an array in that device's memory (a device step's update), kept there."""
+        on_device = device is not None and device.is_array(value)
         if self.per_replica:
-            value = np.asarray(value)
-            if value.shape[1:] != self.shape:
+            value = value if on_device else np.asarray(value)
+            if tuple(value.shape[1:]) != self.shape:
                 raise ReplicateError(f"load into per-replica Variable {self.name!r}: values "
                                      f"{value.shape} are not (replicas,) + {self.shape}")
             self._fresh = False
-        self.value = value
+        if on_device:
+            self._host, self._device = None, (device, value)
+        else:
+            self.value = value
         self._eager = None
 
     def restart(self, value) -> None:
@@ -240,7 +282,8 @@ class Variable:
 
     def __repr__(self) -> str:
         kind = ", per_replica=True" if self.per_replica else ", local=True" if self.local else ""
-        return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype}{kind})"
+        where = f", on {self.on_device.name}" if self.on_device is not None else ""
+        return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype}{kind}{where})"
 
 
 _install_operators(Variable)  # w + 1, w @ x, ... on a Variable read it

@@ -109,10 +109,12 @@ def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
     return graph
 
 
-def batch_leaves(batches) -> list:
-    """The arrays a compiled step is fed: every replica's batch leaves, as NumPy arrays."""
-    return [from_foreign(x) if is_foreign(x) else np.asarray(x.numpy() if hasattr(x, "numpy")
-                                                              else x)
+def batch_leaves(batches, device=None) -> list:
+    """The arrays a compiled step is fed: every replica's batch leaves, as NumPy arrays (those of
+    ``device``, a device backend's ``Device``, as they are: no copy through the host)."""
+    return [x if device is not None and (device.is_array(x) or is_foreign(x)) else
+            from_foreign(x) if is_foreign(x) else
+            np.asarray(x.numpy() if hasattr(x, "numpy") else x)
             for b in batches for x in tree.flatten(b)[0] if not isinstance(x, (str, bytes))]
 
 
@@ -162,31 +164,50 @@ class CompiledStep:
         self.last_inputs = None  # kept when asked (``keep_inputs``): the NaN finder re-runs them
         self.key = None  # set by the StepCache that holds it
 
-    def __call__(self, leaves: list, keep_inputs: bool = False) -> list:
-        results, updates = self.run(leaves, keep_inputs)
+    def __call__(self, leaves: list, keep_inputs: bool = False, on_device: bool = False) -> list:
+        results, updates = self.run(leaves, keep_inputs, on_device)
         self.commit(updates)
         return results
 
-    def run(self, leaves: list, keep_inputs: bool = False) -> tuple[list, list]:
+    @property
+    def device(self):
+        """The device backend's ``Device`` (its variables stay in device memory), or None."""
+        return self.executable.device
+
+    def run(self, leaves: list, keep_inputs: bool = False,
+            on_device: bool = False) -> tuple[list, list]:
         """Run on the batch leaves: (each replica's result leaves, the variables' new values
-        — not written yet)."""
-        meta = self.graph.meta
+        — not written yet).
+
+        On a device backend the variables are read from, and their new values left in, device
+        memory; the batch leaves are copied up (device arrays pass as they are) and the results
+        copied down in one transfer (``on_device``: left on the device)."""
+        meta, device = self.graph.meta, self.executable.device
         state.note_input_thread_reads(meta.variables)
-        inputs = leaves + [v.value for v in meta.variables]
-        if keep_inputs:
+        if device is None:
+            inputs = leaves + [v.value for v in meta.variables]
+        else:
+            inputs = leaves + [v.device_value(device) for v in meta.variables]  # (``run``
+            # copies the leaves up: host index arrays among them are bounds-checked first)
+        if keep_inputs:  # (device arrays stay there: copied down only if the NaN finder runs)
             self.last_inputs = inputs
-        outs = self.executable(inputs)
+        outs = self.executable.run(inputs)
         n, k = meta.num_results, meta.replicas
-        return [outs[r * n:(r + 1) * n] for r in range(k)], outs[n * k:]
+        results = outs[:n * k]
+        if device is not None and not on_device:
+            results = device.to_host_many(results)
+        return [results[r * n:(r + 1) * n] for r in range(k)], outs[n * k:]
 
     def updates(self, values: list) -> list:
         """``(variable, new value)`` pairs of a ``run``'s updates."""
         return list(zip(self.graph.meta.updated, values))
 
     def commit(self, values: list) -> None:
-        """Write a ``run``'s new values into the variables."""
+        """Write a ``run``'s new values into the variables (on a device backend: device arrays,
+        which stay there)."""
+        device = self.executable.device
         for var, value in zip(self.graph.meta.updated, values):
-            var.load(value)
+            var.load(value, device)
 
 
 def gather_outputs(comm, results: list, flag=None):

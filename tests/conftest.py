@@ -31,6 +31,10 @@ collect_ignore = ["programs/startup_mpi.py"]
 # CuPy sees a GPU they run on it. REPLICATE_CUPY_STANDIN=0 turns the stand-in off.
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+# JAX on a GPU: no preallocation of most of the device, deterministic ops (unless set already)
+from replicate.launch import gpu_environment  # noqa: E402
+
+gpu_environment(os.environ)
 from cupy_standin import install as _install_cupy_standin  # noqa: E402
 
 CUPY_STANDIN = _install_cupy_standin()

@@ -90,11 +90,12 @@ def _sources_of(signature, spec):
             return
         raise AssertionError(f"{label}: CuPy compiled nothing")
 
-    if signature[0] == "elementwise":
-        _, _, dtypes, ndim = signature
+    if signature[0] == "elementwise":  # ndims: per argument (a raw one keeps its own)
+        _, _, dtypes, ndims = signature
         _, _, type_map = kernel._decide_params_type(*dtypes)
-        infos = tuple(_info(ND, real.ndarray, d, ndim) for d in dtypes[0] + dtypes[1]) + \
-            (_info(INDEXER, Indexer, None, ndim, True),)
+        infos = tuple(_info(ND, real.ndarray, d, n) for d, n in zip(dtypes[0] + dtypes[1],
+                                                                     ndims)) + \
+            (_info(INDEXER, Indexer, None, ndims[-1], True),)
         build(spec.name, kernel_mod._get_elementwise_kernel.__wrapped__, infos, type_map,
               kernel.params, kernel.operation, kernel.name, kernel.preamble)
         return out

@@ -23,8 +23,16 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
   are the reference's (``graph/reference.py``), which the generated expressions match op by op:
   the expressions themselves are checked by compiling them, and on a GPU by ``bench/gpu_check.sh``.
 
-Not modelled: streams and asynchrony, memory pools, CuPy's own kernels' numerics (its ``sum``
-order, its ``erf``), NCCL.
+* a kernel that ``cuda_codegen.generate`` did not make (the random bits) runs its C ``operation``
+  as written, where that is unsigned 32-bit arithmetic (C and NumPy compute it alike); ``raw``
+  parameters are passed whole;
+* reading a device value on the host (``get``, ``asnumpy``, ``int()``, ``float()``, ``bool()``,
+  ``item``, ``tolist``) is a copy, counted in ``TRANSFERS``;
+* ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
+  ``cupy_standin_cuda.py``.
+
+Not modelled: asynchrony (streams run their work at once), memory pools, CuPy's own kernels'
+numerics (its ``sum`` order, its ``erf``).
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ from __future__ import annotations
 import importlib.machinery
 import inspect
 import os
+import re
 import sys
 import types
 
+import cupy_standin_cuda as _CUDA
 import numpy as np
 
-from replicate.backends.cuda_codegen import CTYPE, split_reduction
+from replicate.backends.cuda_codegen import CTYPE, KernelSpec, split_reduction
 from replicate.graph.reference import IMPL, reference_apply
 
 REAL = None          # the real cupy module, where it imports (no GPU needed)
@@ -127,17 +137,43 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __iter__(self):
         return (wrap(v) for v in self._a)
 
+    # reading a value on the host is a copy from the device in CuPy: counted as one
     def __bool__(self):
+        TRANSFERS["to_host"] += self._a.nbytes
         return bool(self._a)
 
     def __float__(self):
+        TRANSFERS["to_host"] += self._a.nbytes
         return float(self._a)
 
     def __int__(self):
+        TRANSFERS["to_host"] += self._a.nbytes
         return int(self._a)
 
     def __index__(self):
+        TRANSFERS["to_host"] += self._a.nbytes
         return self._a.__index__()
+
+    @property
+    def data(self):  # CuPy's MemoryPointer: ``.ptr`` is the address (host memory here)
+        return types.SimpleNamespace(ptr=self._a.ctypes.data, device_id=_CUDA.STATE.device)
+
+    @property
+    def device(self):
+        return _CUDA.Device(_CUDA.STATE.device)
+
+    @property
+    def __cuda_array_interface__(self):  # as CuPy's (an MPI reads the memory it points at)
+        return {"shape": self._a.shape, "typestr": self._a.dtype.str, "version": 3,
+                "data": (self._a.ctypes.data, False),
+                "strides": None if self._a.flags.c_contiguous else self._a.strides}
+
+    def __dlpack_device__(self):
+        return (2, _CUDA.STATE.device)  # kDLCUDA: a consumer on the host must copy (``get``)
+
+    def __dlpack__(self, *args, **kwargs):
+        raise BufferError("the CuPy stand-in's device arrays cannot be exported over DLPack "
+                          "(a host consumer cannot read CUDA memory either): use .get()")
 
     def __repr__(self):
         return f"standin_{self._a!r}"
@@ -149,6 +185,8 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __getattr__(self, name):
         if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
             raise AttributeError(name)
+        if name in ("item", "tolist"):  # copies to the host
+            TRANSFERS["to_host"] += self._a.nbytes
         attr = getattr(self._a, name)
         if callable(attr):
             return lambda *a, **k: wrap(attr(*unwrap(a), **unwrap(k)))
@@ -190,15 +228,58 @@ def _checked(fn, name):
 # -- kernels ------------------------------------------------------------------------------------
 def _param_dtypes(params: str):
     """CuPy's reading of a parameter list: the type is a NumPy dtype name (``float`` is
-    float64; ``long long`` does not parse)."""
+    float64; ``long long`` does not parse); a ``raw`` parameter is passed whole, not indexed."""
     out = []
     for p in (q.strip() for q in params.split(",") if q.strip()):
         words = p.split()
+        if words[0] == "raw":
+            words = words[1:]
         if len(words) != 2:
             raise TypeError(f"data type {' '.join(words[:-1])!r} not understood (CuPy "
                             f"parameter {p!r})")
         out.append(np.dtype(words[0]))
     return out
+
+
+def _raw_params(params: str) -> list:
+    return [p.split()[0] == "raw" for p in (q.strip() for q in params.split(",") if q.strip())]
+
+
+# -- kernels that cuda_codegen did not make: their C run as written --------------------------------
+# Only the arithmetic of unsigned 32-bit words: declarations, assignments (= ^= += *=), the
+# operators * + >> ^ & | (whose precedence and wrapping are the same in C on ``unsigned int`` and
+# in NumPy on uint32), hexadecimal or decimal literals, ``name[digit]`` reads of raw parameters,
+# ``(unsigned int)`` casts and the element index ``i``. Anything else is refused, not guessed.
+_C_ALLOWED = re.compile(r"^[\w\s\[\]()^+*&|>=;]*$")
+_C_WORDS = {"const", "unsigned", "int", "i", "out"}
+
+
+def _c_program(operation: str, names) -> list:
+    """The statements of a kernel's C ``operation`` as Python, or TypeError for C it does not
+    read."""
+    shifts = operation.replace(">>=", "").replace(">>", "")
+    if not _C_ALLOWED.match(operation) or ">" in shifts or any(
+            op in operation for op in ("==", "&&", "||")):
+        raise TypeError("the CuPy stand-in runs C made of unsigned int arithmetic only")
+    code = re.sub(r"\b(0[xX][0-9A-Fa-f]+|\d+)[uU]\b", r"\1", operation)
+    code = re.sub(r"\(unsigned int\)\s*(\w+(?:\[\d+\])?)", r"_u32(\1)", code)
+    code = re.sub(r"\b(?:const\s+)?unsigned int\s+(?=\w)", "", code)
+    statements = [c.strip() for c in code.split(";") if c.strip()]
+    for st in statements:
+        words = set(re.findall(r"\b[A-Za-z_]\w*\b", st)) - {"_u32"}
+        unknown = words - _C_WORDS - set(names) - {w for x in statements for w in
+                                                   re.findall(r"^(\w+)\s*=", x)}
+        if unknown or re.search(r"\b(?!_u32\()[A-Za-z_]\w*\s*\(", st):  # no calls
+            raise TypeError(f"the CuPy stand-in does not read {st!r} ({sorted(unknown)})")
+    return statements
+
+
+def _run_c(statements, env: dict):
+    scope = dict(env, _u32=lambda v: np.asarray(v).astype(np.uint32))
+    with np.errstate(over="ignore"):
+        for st in statements:
+            exec(st, {"__builtins__": {}}, scope)  # noqa: S102 - checked above: arithmetic only
+    return scope["out"]
 
 
 def _check_types(params, dtypes, what):
@@ -237,8 +318,17 @@ def _inputs_env(spec, arrays):
 class ElementwiseKernel:
     def __init__(self, in_params, out_params, operation, name="kernel", **kwargs):
         args = (in_params, out_params, operation, name)
-        self.spec = _spec_for("ElementwiseKernel", args, kwargs)
+        key = repr(("ElementwiseKernel", args, sorted(kwargs.items())))
         self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
+        self.raw = _raw_params(in_params) + _raw_params(out_params)
+        if key in SPECS:  # a fused group: its body's ops
+            self.spec, self.program = SPECS[key], None
+        else:  # anything else: its C, read (or refused) now
+            names = [p.split()[-1] for p in (in_params + "," + out_params).split(",") if p.strip()]
+            self.program = _c_program(operation, names)
+            self.names = names
+            self.spec = KernelSpec("elementwise", name, in_params, out_params, operation=operation,
+                                   preamble=kwargs.get("preamble", ""))
         self.real = REAL.ElementwiseKernel(*args, **kwargs) if REAL is not None else None
 
     def __call__(self, *args):
@@ -254,11 +344,19 @@ class ElementwiseKernel:
         if self.real is not None:
             self.real._decide_params_type(*dtypes)
         out = outs[0]
-        shape = np.broadcast_shapes(*(a.shape for a in args))
+        shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
         if shape != out.shape:
             raise ValueError("Out shape is mismatched")
         CALLS[0] += 1
-        LAUNCHES[("elementwise", self.spec.key, dtypes, out.ndim)] = self.spec
+        ndims = tuple(a.ndim if raw else out.ndim for a, raw in zip(args, self.raw))
+        LAUNCHES[("elementwise", self.spec.key, dtypes, ndims)] = self.spec
+        if self.program is not None:
+            env = {n: a._a if raw else np.broadcast_to(a._a, shape).reshape(-1)
+                   for n, a, raw in zip(self.names, args, self.raw)}
+            env["i"] = np.arange(out.size, dtype=np.int64)
+            value = _run_c(self.program, env)
+            out._a[...] = np.broadcast_to(np.asarray(value), (out.size,)).reshape(shape)
+            return out
         env = _inputs_env(self.spec, [np.broadcast_to(a._a, shape) for a in ins])
         g = self.spec.body.graph
         value = _evaluate(g.nodes, env)[g.outputs[0].id]
@@ -342,6 +440,14 @@ def _as_strided(x, shape=None, strides=None):
     return ndarray(np.lib.stride_tricks.as_strided(x._a, shape, strides))
 
 
+def _from_dlpack(array, *, device=None, copy=None):
+    """Only CUDA memory comes in without a copy; no other library has any here."""
+    if isinstance(array, ndarray):
+        return array
+    raise BufferError(f"cupy.from_dlpack: {type(array).__name__} is not in CUDA memory (the "
+                      "stand-in has no GPU)")
+
+
 def _make_modules() -> dict:
     cp = types.ModuleType("cupy", "the CuPy stand-in of the tests (tests/cupy_standin.py)")
     cp.__getattr__ = _module_getattr
@@ -354,15 +460,16 @@ def _make_modules() -> dict:
     cp.argsort = _checked(lambda a, axis=-1, kind=None: np.argsort(a, axis, kind="stable"),
                           "argsort")
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
-    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0)
-    cp.cuda = types.SimpleNamespace(runtime=runtime)
+    cp.cuda, nccl = _CUDA.make_cuda()
+    cp.from_dlpack = _from_dlpack
     cx = types.ModuleType("cupyx", "the cupyx stand-in of the tests")
     cx.scatter_add = _scatter_add
     special = types.ModuleType("cupyx.scipy.special")
     special.erf = _erf
     scipy = types.ModuleType("cupyx.scipy")
     scipy.special, cx.scipy = special, scipy
-    modules = {"cupy": cp, "cupyx": cx, "cupyx.scipy": scipy, "cupyx.scipy.special": special}
+    modules = {"cupy": cp, "cupyx": cx, "cupyx.scipy": scipy, "cupyx.scipy.special": special,
+               "cupy.cuda.nccl": nccl}
     for name, module in modules.items():  # importlib.util.find_spec("cupy") works
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     return modules

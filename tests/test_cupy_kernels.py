@@ -260,3 +260,22 @@ def test_missing_cupy_names_both_extras(monkeypatch):
     monkeypatch.delitem(sys.modules, "replicate.backends.cupy_backend", raising=False)
     with pytest.raises(rp.ReplicateError, match=r"replicate\[cuda12\].*replicate\[cuda13\]"):
         get_backend("cupy")
+
+
+def test_random_bits_are_the_reference_hash_made_on_the_device_and_compile():
+    """The random kernel (``cuda_random.py``) run as written by the stand-in gives NumPy's bits,
+    for every stream the draws use (uniform, split, fold-in); NVRTC compiles it."""
+    def draws(k):
+        return (rnp.random.uniform(k, (3, 5)), rnp.random.split(k, 3),
+                rnp.random.fold_in(k, 7), rnp.random.uniform(k, (4,), np.float64))
+
+    cupy_standin.LAUNCHES.clear()
+    key = rnp.random.key(2**33 + 5).numpy()
+    for got, want in zip(rp.function(draws, backend="cupy")(key), rp.function(draws)(key)):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    launched = {s.name for s in cupy_standin.LAUNCHES.values()}
+    assert {n for n in launched if n.startswith("replicate_random_bits_")} and \
+        all(s.body is None for s in cupy_standin.LAUNCHES.values()
+            if s.name.startswith("replicate_random"))
+    _compile_or_skip({k: s for k, s in cupy_standin.LAUNCHES.items()
+                      if s.name.startswith("replicate_random")})

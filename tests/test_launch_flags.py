@@ -65,3 +65,21 @@ def test_a_hostfile_naming_localhost_and_prefixed_output(tmp_path, as_module):
         assert f"[{rank}] rank {rank} of 2 args ['--epochs', '3']" in result.stdout, \
             report(result)
         assert f"[{rank}] second line" in result.stdout
+
+
+def test_gpu_environment_keeps_what_the_user_set():
+    """JAX on a GPU: no preallocation, deterministic ops — unless the user chose otherwise."""
+    from replicate.launch import gpu_environment
+
+    env = {}
+    gpu_environment(env)
+    assert env == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                   "XLA_FLAGS": "--xla_gpu_deterministic_ops=true"}
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+           "XLA_FLAGS": "--xla_gpu_deterministic_ops=false --xla_dump_to=/tmp/x"}
+    gpu_environment(env)
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+    assert env["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false --xla_dump_to=/tmp/x"
+    env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    gpu_environment(env)
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"

@@ -11,25 +11,109 @@ A backend is a module with
 * optionally ``fusion_accepts(members) -> bool``: whether it runs a group the fusion pass would
   form as one kernel (without it, every group is accepted).
 
+A backend whose arrays live in device memory (``cupy``) gives its ``Executable`` a ``device``
+(a :class:`Device`): then ``exe.run`` takes host or device arrays and returns device arrays,
+and the step keeps the variables on the device between calls (``replicate/step.py``), moving
+only the batches in and the results out; ``exe(inputs)`` still returns host arrays.
+
 Nodes whose primitive is flagged ``host`` (communication) run on the host through the reference
-table ``replicate.graph.reference.IMPL``; a backend hands them host arrays (a value passed
+table ``replicate.graph.reference.IMPL`` (a device backend may carry them on the device instead,
+through a transport from ``TRANSPORTS``); a backend hands them host arrays (a value passed
 between two host nodes may be a handle, not an array: pass it through untouched).
 """
 
 from __future__ import annotations
+
+import numpy as np
+
+from ..interop import from_foreign, is_foreign
+
+# Device backends' cross-process transports, by backend name: ``fn(device) -> transport or None``
+# (None: host-staged MPI through ``IMPL``). The runtime, which owns the communicator, registers
+# them (``replicate/runtime/gpu_transport.py``); a backend asks when it first communicates.
+TRANSPORTS: dict = {}
+# Where a device backend's process runs (``fn(device_count) -> device index``), registered by the
+# runtime: ``local rank % device count`` under MPI.
+PLACEMENT: dict = {}
+DEVICES: list = []  # every Device made in this process (``device_of`` looks through them)
+
+
+class Device:
+    """The memory of a device backend: what is a device array, the two copies, and the count of
+    bytes copied each way (``transfers``: ``{"to_device": bytes, "to_host": bytes}``, since the
+    process started; a step's share is the difference around it).
+
+    Subclasses define ``is_array``, ``_upload`` and ``_download``; ``finite`` (one reduction on
+    the device, one flag read) and ``pack`` are optional speed-ups."""
+
+    name = "device"
+
+    def __init__(self):
+        self.transfers = {"to_device": 0, "to_host": 0}
+        DEVICES.append(self)
+
+    def is_array(self, x) -> bool:
+        raise NotImplementedError
+
+    def to_device(self, x):
+        """``x`` on the device: a device array passes through; anything else is copied up."""
+        if self.is_array(x):
+            return x
+        x = self._from_foreign(x)
+        if self.is_array(x):
+            return x
+        x = np.asarray(x)
+        self.transfers["to_device"] += x.nbytes
+        return self._upload(x)
+
+    def to_host(self, x):
+        """``x`` as a NumPy array: a device array is copied down; anything else passes."""
+        if not self.is_array(x):
+            return x
+        self.transfers["to_host"] += x.nbytes
+        return self._download(x)
+
+    def to_host_many(self, xs: list) -> list:
+        """Several device arrays copied down (one copy where the backend can pack them)."""
+        return [self.to_host(x) for x in xs]
+
+    def finite(self, x) -> bool:
+        return bool(np.isfinite(self.to_host(x)).all())
+
+    def _from_foreign(self, x):
+        """Another library's array: on this device without a copy where it can (DLPack), else
+        its values on the host."""
+        return from_foreign(x) if is_foreign(x) else x
+
+    def _upload(self, x):
+        raise NotImplementedError
+
+    def _download(self, x):
+        raise NotImplementedError
+
+
+def device_of(x):
+    """The :class:`Device` whose array ``x`` is, or None (a host value)."""
+    for device in DEVICES:
+        if device.is_array(x):
+            return device
+    return None
 
 
 class Executable:
     """A compiled graph: ``exe(inputs) -> outputs`` (lists of host arrays).
 
     ``graph`` is the optimised graph the backend lowered; ``kernels`` lists what the backend
-    launches per call (one entry per fused group or library call), for inspection and tests.
-    """
+    launches per call (one entry per fused group or library call), for inspection and tests;
+    ``device``: a device backend's :class:`Device` (then ``run`` returns device arrays), or
+    None."""
 
-    def __init__(self, graph, run, kernels=()):
+    def __init__(self, graph, run, kernels=(), device=None):
         self.graph = graph
         self.run = run
         self.kernels = list(kernels)
+        self.device = device
 
     def __call__(self, inputs):
-        return self.run(inputs)
+        outs = self.run(inputs)
+        return outs if self.device is None else self.device.to_host_many(outs)

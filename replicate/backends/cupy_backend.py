@@ -6,15 +6,21 @@
 * ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``; so do the
   convolution primitives, whose reference rows (``graph/conv.py``: im2col through a strided view,
   one batched GEMM, col2im by strided adds) run here on device arrays, float16 in float32;
+* random bits are a generated kernel of the reference's hash (``cuda_random.py``): the same bits
+  as NumPy, made on the device;
 * other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
   module, float16 operands in float32 as the reference, with device versions where a row is
-  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add, random numbers): no
-  row ever calls ``numpy`` on a device array;
-* communication nodes run on the host: their inputs come back from the device, their results go
-  up again (host-staged MPI; NCCL is not wired in).
+  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add): no row ever calls
+  ``numpy`` on a device array; ``local_reduce`` (the in-process combine of the replicas) is one
+  of them, on the device;
+* communication nodes go through the process's transport (``cupy_comm.py``): NCCL when each
+  rank has its own GPU, else host-staged MPI.
 
-Inputs and outputs are host NumPy arrays, as for every backend; they are copied to and from the
-device on each call.
+Device-resident (``DEVICE``, ``cupy_device.py``): ``run`` takes host or device arrays and
+returns device arrays; a step keeps its variables on the device between calls, constants are
+copied up once, at lowering, and ``DEVICE.transfers`` counts every byte that crosses.
+Index arrays are bounds-checked (CuPy wraps an out-of-range index around, NumPy raises): on the
+host before they go up when they are batch leaves, else on the device (``cupy_index.py``).
 """
 
 from __future__ import annotations
@@ -27,22 +33,17 @@ import numpy as np
 from ..debug import debug_enabled
 from ..errors import ReplicateError
 from ..graph.conv import ROWS as CONV_ROWS
-from ..graph.index_check import index_bounds_error
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
-from ..graph.reference import IMPL, MOVES, table
-from . import cuda_codegen
+from ..graph.reference import MOVES, table
+from . import cuda_codegen, cuda_random
 from .base import Executable
+from .cupy_comm import comm_fn
+from .cupy_device import DEVICE, place
+from .cupy_index import IndexChecks
 from .numpy_backend import kernels
 
-try:
-    _DEVICES = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # no driver, or no device
-    _DEVICES = 0
-if not _DEVICES:
-    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here (CuPy "
-                         "for CUDA 12: pip install 'replicate[cuda12]', for CUDA 13: "
-                         "'replicate[cuda13]')")
+place()  # GPU (local rank % device count)
 
 name = "cupy"
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion")  # CuPy's pool manages memory
@@ -88,11 +89,18 @@ def _fused_fn(node, consts, index):
 
 
 def _random_bits(key, shape, dtype, stream=0):
-    return cupy.asarray(IMPL["random_bits"](cupy.asnumpy(key), shape, dtype, stream))
+    """The reference's hash of (key, counter), one thread per value: the same bits as NumPy."""
+    out = cupy.empty(shape, cupy.uint32)
+    if out.size:
+        _compile(cuda_random.random_bits_spec(stream))(key, out)
+    return out
 
 
 def _random_uniform(key, shape, dtype):
-    return cupy.asarray(IMPL["random_uniform"](cupy.asnumpy(key), shape, dtype))
+    """As the reference: 24 random bits scaled by 2**-24 (exact in float32)."""
+    bits = _random_bits(key, shape, np.uint32, 2)
+    work = cupy.float64 if np.dtype(dtype) == np.float64 else cupy.float32
+    return ((bits >> cupy.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
 
 
 def _scatter_add(g, *idx, index, shape):
@@ -134,39 +142,20 @@ _ROWS = table(cupy, "cupy", {
     "scatter_add": _scatter_add,
     "const": lambda value: cupy.asarray(value),
 })
-DEVICE = {name: rule if name in MOVES or name in CONV_ROWS else _widened(rule)
-          for name, rule in _ROWS.items()}
+DEVICE_RULES = {name: rule if name in MOVES or name in CONV_ROWS else _widened(rule)
+                for name, rule in _ROWS.items()}
 
 
-def _op_fn(node):
-    if REGISTRY[node.prim].host:  # host-staged communication
-        fn, attrs = IMPL[node.prim], node.attrs
-        if node.prim == "comm_start":
-            return lambda x: fn(cupy.asnumpy(x), **attrs)
-        if node.prim == "comm_wait":
-            return lambda h: cupy.asarray(fn(h, **attrs))
-        return lambda *xs: cupy.asarray(fn(*[cupy.asnumpy(x) for x in xs], **attrs))
-    fn = DEVICE[node.prim]
+def _op_fn(node, checks):
+    if REGISTRY[node.prim].host:  # communication: NCCL, or staged through the host
+        return comm_fn(node, DEVICE)
+    fn = DEVICE_RULES[node.prim]
     attrs, dtype = node.attrs, node.out.dtype
     if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
-        return _checked_indexing(fn, attrs, dtype, node)
+        return checks.wrap(fn, node)  # bounds checked (CuPy wraps around, NumPy raises)
 
     def run(*xs):
         value = cupy.asarray(fn(*xs, **attrs))
-        return value if value.dtype == dtype else value.astype(dtype)
-    return run
-
-
-def _checked_indexing(fn, attrs, dtype, node):
-    """CuPy wraps an out-of-range index around (NumPy raises): check the index arrays first
-    (one reduction and one read on the host per op) and raise NumPy's ``IndexError``."""
-    shape = node.inputs[0].shape if node.prim == "getitem" else attrs["shape"]
-
-    def run(x, *idx):
-        message = index_bounds_error(shape, attrs["index"], idx, cupy)
-        if message is not None:
-            raise IndexError(message)
-        value = cupy.asarray(fn(x, *idx, **attrs))
         return value if value.dtype == dtype else value.astype(dtype)
     return run
 
@@ -175,27 +164,39 @@ def lower(graph):
     cuda_codegen.refuse_bfloat16(graph)
     producer = {n.out.id: n for n in graph.nodes}
     slot = {x.id: i for i, x in enumerate(graph.inputs)}
-    steps = []
+    template, consts, steps = [None] * len(graph.inputs), set(), []
+    checks = IndexChecks(graph, cupy, DEVICE)
     for k, node in enumerate(graph.nodes):
-        if node.prim == "fused":
-            consts = {i: producer[x.id].attrs["value"] for i, x in enumerate(node.inputs)
-                      if x.id in producer and producer[x.id].prim == "const" and x.size == 1}
-            fn = _fused_fn(node, consts, k)
-        else:
-            fn = _op_fn(node)
         slot[node.out.id] = len(slot)
+        if node.prim == "const":  # copied to the device once, here
+            template.append(DEVICE.to_device(np.asarray(node.attrs["value"], node.out.dtype)))
+            consts.add(slot[node.out.id])
+            continue
+        template.append(None)
+        if node.prim == "fused":
+            scalars = {i: producer[x.id].attrs["value"] for i, x in enumerate(node.inputs)
+                       if x.id in producer and producer[x.id].prim == "const" and x.size == 1}
+            fn = _fused_fn(node, scalars, k)
+        else:
+            fn = _op_fn(node, checks)
         steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id], node))
-    n_in, n_slots = len(graph.inputs), len(slot)
-    outputs = [slot[o.id] for o in graph.outputs]
+    n_in = len(graph.inputs)
+    outputs = [(slot[o.id], slot[o.id] in consts) for o in graph.outputs]
 
     def run(inputs):
-        env = [cupy.asarray(x) for x in inputs] + [None] * (n_slots - n_in)
+        if len(inputs) != n_in:
+            raise ValueError(f"expected {n_in} inputs, got {len(inputs)}")
+        checks.before(inputs)
+        env = template.copy()
+        env[:n_in] = [DEVICE.to_device(x) for x in inputs]
         for fn, args, out, node in steps:
             try:
                 env[out] = fn(*[env[a] for a in args])
             except Exception as e:  # name the op and the user's line that made it
-                note_failure(e, node, [cupy.asnumpy(env[a]) for a in args])
+                note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
-        return [cupy.asnumpy(env[o]) for o in outputs]
+        checks.after()
+        # a constant leaves as a copy: the one kept for the next call is never the caller's
+        return [env[o].copy() if const else env[o] for o, const in outputs]
 
-    return Executable(graph, run, kernels(graph))
+    return Executable(graph, run, kernels(graph), DEVICE)

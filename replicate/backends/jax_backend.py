@@ -205,6 +205,16 @@ class JaxProgram:
         self._template += [None] * (len(slot) - len(self._template))
         self.outputs = [(slot[o.id], slot[o.id] in device) for o in graph.outputs]
 
+    def device_array(self, x):
+        """The device array behind ``x``, an output of the last call (its NumPy view), or None:
+        a caller given JAX arrays gets JAX arrays back without a copy. (Not where the program
+        donates its inputs: a result that is also a variable's new value would be donated by the
+        next call under the caller's hands.)"""
+        if self.donated:
+            return None
+        hit = self._views.get(id(x))
+        return hit[1] if hit is not None and hit[0] is x else None
+
     def _host_apply(self, opaque):
         calls = self.calls
 

@@ -173,12 +173,25 @@ def signature(args) -> tuple:
 def _leaf_key(x):
     if isinstance(x, (str, bytes)):
         return ("static", x)
-    value = from_foreign(x) if is_foreign(x) else np.asarray(
-        x.numpy() if hasattr(x, "numpy") else x)
+    value = _described(x)
+    if value is None:
+        value = from_foreign(x) if is_foreign(x) else np.asarray(
+            x.numpy() if hasattr(x, "numpy") else x)
     if not is_supported(value.dtype):  # complex, objects, strings, records, dates
         raise ReplicateError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
                              "traced function: the dtypes are bool, integers and floats")
     return (tuple(value.shape), value.dtype.str)
+
+
+def _described(x):
+    """A foreign array's shape and dtype, read without copying its values (a device array's
+    would come through the host), or None when it does not say them in NumPy's terms."""
+    if not is_foreign(x):
+        return None
+    try:
+        return AVal(tuple(int(n) for n in x.shape), np.dtype(x.dtype))
+    except (AttributeError, TypeError):  # a PyTorch dtype is not a NumPy one
+        return None
 
 
 def trace_inputs(trace: Trace, args, prefix="arg"):
@@ -189,8 +202,8 @@ def trace_inputs(trace: Trace, args, prefix="arg"):
         if isinstance(x, (str, bytes)):
             traced.append(x)
             continue
-        if is_foreign(x):  # a JAX, PyTorch, CuPy array
-            x = from_foreign(x)
+        if is_foreign(x):  # a JAX, PyTorch, CuPy array (its shape and dtype: no copy)
+            x = _described(x) or from_foreign(x)
         if hasattr(x, "shape") and hasattr(x, "dtype"):  # no value needed (nor read)
             aval = AVal(tuple(x.shape), np.dtype(x.dtype))
         else:

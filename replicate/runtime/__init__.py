@@ -1,6 +1,6 @@
 """The runtime: Replicator, communicator, input sharding."""
 
-from . import host_rows  # noqa: F401  (fills the reference table's communication rows)
+from . import gpu_transport, host_rows  # noqa: F401  (device transports; the communication rows)
 from .data import shard_batches, steps_per_epoch
 from .replicator import Replicator
 

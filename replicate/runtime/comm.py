@@ -52,6 +52,7 @@ class SelfComm:
     """One process, no MPI."""
 
     rank, size = 0, 1
+    local_rank, local_size = 0, 1
 
     def allgather(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x)[None]
@@ -92,6 +93,7 @@ class MPIComm:
         self.comm = comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.label = label
+        self.local_rank, self.local_size = 0, 1  # among this machine's ranks (``shared_split``)
         self.seq = 0  # cross-process calls entered on this communicator (same on every rank)
         self._dups = 0
         TRACKER.comms[label] = self
@@ -227,6 +229,13 @@ class MPIComm:
         self._dups += 1
         return MPIComm(comm, f"{self.label}.dup{self._dups}")
 
+    def shared_split(self) -> None:
+        """Set ``local_rank``/``local_size``: this rank among the ranks on its machine (MPI's
+        shared-memory split; a GPU process takes GPU ``local_rank % device count``)."""
+        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+
     def abort(self, code: int = 1):
         status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
         sys.stdout.flush()
@@ -254,6 +263,7 @@ def world():
                 raise ImportError("launched under MPI but mpi4py is missing: "
                                   "pip install 'replicate[mpi]'") from e
             if comm.size > 1:
+                comm.shared_split()
                 _world = comm
                 hooks.install(comm)
                 limit_blas_threads(comm.size)

@@ -17,6 +17,7 @@ import contextlib
 import numpy as np
 
 from .. import tree
+from ..backends.base import device_of
 from ..dtypes import is_float, is_low_precision
 from ..errors import NonFiniteError, source_line
 from ..graph.interpret import eval_graph
@@ -26,6 +27,11 @@ from .checks import leaf_paths
 
 
 def _bad(value) -> str | None:
+    device = device_of(value)
+    if device is not None:  # a device step's update: checked there, copied down only if bad
+        if device.finite(value):
+            return None
+        value = device.to_host(value)
     a = np.asarray(value)
     if not is_float(a.dtype) or a.size == 0:
         return None
@@ -84,6 +90,7 @@ def first_non_finite_node(graph, inputs):
     The whole graph runs even after a find: its cross-process collectives must run on every
     rank alike (every rank re-runs its step together)."""
     found = None
+    inputs = [d.to_host(x) if (d := device_of(x)) is not None else x for x in inputs]
     names = graph.meta.get("input_names") or [f"input {i}" for i in range(len(graph.inputs))]
     for x, value, name in zip(graph.inputs, inputs, names):
         problem = _bad(value)

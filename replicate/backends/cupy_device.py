@@ -1,0 +1,91 @@
+"""The CuPy backend's device memory: which arrays are its own, the copies to and from the host
+(each counted, in bytes: ``DEVICE.transfers``), and which GPU this process uses.
+
+The step keeps the variables here between calls (``replicate/step.py``), so a steady-state step
+copies up only its batch and copies down only its results — those in one transfer
+(``to_host_many`` packs them into one buffer first: one synchronisation, not one per result).
+
+Placement: on import, under MPI, the process takes GPU ``local rank % device count`` (the local
+rank from the MPI shared-memory split, ``replicate/runtime/gpu_transport.py``), so ranks on one
+machine spread over its GPUs; a single process keeps its current device;
+``CUDA_VISIBLE_DEVICES`` narrows what a process sees as usual.
+"""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+
+from ..errors import ReplicateError
+from .base import PLACEMENT, Device
+
+try:
+    _DEVICES = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # no driver, or no device
+    _DEVICES = 0
+if not _DEVICES:  # (before anything of the backend is kept in sys.modules)
+    raise ReplicateError("the 'cupy' backend needs an NVIDIA GPU; CuPy sees none here (CuPy "
+                         "for CUDA 12: pip install 'replicate[cuda12]', for CUDA 13: "
+                         "'replicate[cuda13]')")
+_KDL_CUDA = 2  # DLPack's device type of CUDA memory
+
+
+class CupyDevice(Device):
+    name = "cupy"
+
+    def is_array(self, x) -> bool:
+        return isinstance(x, cupy.ndarray)
+
+    def _upload(self, x):
+        return cupy.asarray(x)
+
+    def _download(self, x):
+        return cupy.asnumpy(x)
+
+    def _from_foreign(self, x):
+        """A JAX or PyTorch array on a GPU comes over DLPack without a copy; anything else
+        through the host."""
+        where = getattr(x, "__dlpack_device__", None)
+        if where is not None and not isinstance(x, np.ndarray):
+            try:
+                if where()[0] == _KDL_CUDA:
+                    return cupy.from_dlpack(x)
+            except Exception:  # noqa: BLE001 - another device, or not exportable: the host copy
+                pass
+        return super()._from_foreign(x)
+
+    def to_host_many(self, xs: list) -> list:
+        """The device arrays among ``xs`` copied down in one transfer (packed as bytes)."""
+        on = [i for i, x in enumerate(xs) if self.is_array(x)]
+        if len(on) < 2:
+            return [self.to_host(x) for x in xs]
+        parts = [cupy.ascontiguousarray(xs[i]).reshape(-1).view(cupy.uint8) for i in on]
+        flat = self.to_host(cupy.concatenate(parts))
+        out, offset = list(xs), 0
+        for i, part in zip(on, parts):
+            x = xs[i]
+            out[i] = flat[offset:offset + part.size].view(x.dtype).reshape(x.shape).copy()
+            offset += part.size
+        return out
+
+    def finite(self, x) -> bool:
+        """Whether every value is finite: one reduction here, one byte copied down."""
+        if x.dtype.kind != "f" or x.size == 0:
+            return True
+        return bool(self.to_host(cupy.isfinite(x).all()))
+
+
+DEVICE = CupyDevice()
+
+
+def place() -> int:
+    """Use GPU ``local rank % device count`` under MPI (``PLACEMENT``, set by the runtime); a
+    single process keeps its current device. Returns the device's index."""
+    choose = PLACEMENT.get("cupy")
+    index = choose(cupy.cuda.runtime.getDeviceCount()) if choose is not None else None
+    if index is not None:
+        cupy.cuda.Device(index).use()
+    return cupy.cuda.runtime.getDevice()
+
+
+__all__ = ["DEVICE", "CupyDevice", "place"]

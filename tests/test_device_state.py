@@ -1,0 +1,301 @@
+"""State lives on the device (issue 18): the cupy backend keeps variables in device memory between
+steps, copies up only the batch and copies down only the results; the runtime's host readers
+(``numpy()``, eager mode, checkpoints, the sync and finite checks) each copy what they read;
+``rp.function`` takes and returns CuPy and JAX arrays; the GPU transports are chosen alike on
+every rank and reduce bitwise as the host path (under ``mpiexec -n 2``).
+
+Without a GPU all of it runs on the CuPy stand-in (``cupy_standin.py``), whose own count of
+copies (``TRANSFERS``: every ``asarray``/``get`` and every host read of a device value) must
+equal the backend's (``DEVICE.transfers``): no copy escapes the count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import replicate as rp
+import replicate.numpy as rnp
+from replicate.backends import available
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cupy_standin  # noqa: E402
+
+from conftest import PROGRAMS, child_env, mpirun, needs_mpi, report  # noqa: E402
+
+pytestmark = pytest.mark.skipif("cupy" not in available(), reason=(
+    "the cupy backend is not available: no GPU, and the CuPy stand-in is off "
+    "(REPLICATE_CUPY_STANDIN=0)"))
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+
+
+def _counted(fn):
+    """(fn's result, bytes the backend counted each way, bytes the stand-in counted — on a GPU,
+    where the stand-in is off, the backend's count again)."""
+    from replicate.backends.cupy_device import DEVICE
+
+    ours, theirs = dict(DEVICE.transfers), dict(cupy_standin.TRANSFERS)
+    out = fn()
+    moved = {k: DEVICE.transfers[k] - v for k, v in ours.items()}
+    if not cupy_standin.ACTIVE:
+        return out, moved, moved
+    return out, moved, {k: cupy_standin.TRANSFERS[k] - v for k, v in theirs.items()}
+
+
+def _mlp(seed=0):
+    """A newcomer's MLP: Sequential, softmax cross-entropy (integer labels), Adam."""
+    rng = np.random.default_rng(seed)
+    model = rp.nn.Sequential(rp.nn.Linear(16, 32), rp.nn.relu, rp.nn.Linear(32, 4))
+    opt = rp.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(x, y):
+        loss = rp.nn.softmax_cross_entropy(model(x), y).mean()
+        opt.apply(rp.grad(loss, model.parameters()))
+        return loss
+
+    batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
+               for _ in range(4)]
+    return model, opt, step, batches
+
+
+def test_a_steady_state_step_moves_only_the_batch_in_and_the_loss_out():
+    model, opt, step_fn, batches = _mlp()
+    model2, opt2, step2, _ = _mlp()  # the same training on NumPy
+    for a, b in zip(model.parameters().values(), model2.parameters().values()):
+        b.assign(a.numpy())
+    f = rp.function(step_fn, backend="cupy")
+    from replicate.backends.cupy_device import DEVICE
+
+    losses, moves = [], []
+    for x, y in batches:
+        loss, moved, standin = _counted(lambda x=x, y=y: f(x, y))
+        assert moved == standin  # every copy went through the backend's count
+        losses.append(float(loss))
+        moves.append((moved, x.nbytes + y.nbytes, loss.nbytes))
+    nodes = f.executable(*batches[0]).graph.nodes
+    assert any(n.prim == "getitem" and len(n.inputs) > 1 for n in nodes)  # logits[rows, y]
+    for moved, batch, out in moves[1:]:  # the first step also copies the state up, once
+        assert moved == {"to_device": batch, "to_host": out}, moved  # (labels checked here)
+    state = [v for v in f.graph(*batches[0]).meta.variables]
+    assert len(state) == 3 * 4 + 1  # 4 parameters, Adam's 2 moments each, its step count
+    assert all(v.on_device is DEVICE for v in state)
+    g = rp.function(step2)
+    want = [float(g(x, y)) for x, y in batches]
+    np.testing.assert_allclose(losses, want, rtol=1e-4)  # float32 (cuBLAS on a GPU)
+    for a, b in zip(model.parameters().values(), model2.parameters().values()):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_numpy_copies_a_device_value_once_and_host_writes_go_back_up_once():
+    w = rp.Variable(np.arange(6.0).reshape(2, 3), name="w_dev")
+    f = rp.function(lambda x: w.assign(w * x) or rnp.sum(w), backend="cupy")
+    f(np.float64(2.0))
+    assert w.on_device is not None and repr(w).endswith("on cupy)")
+    value, moved, _ = _counted(w.numpy)
+    assert moved["to_host"] == 48 and value.tolist() == [[0, 2, 4], [6, 8, 10]]
+    _, moved, _ = _counted(w.numpy)
+    assert moved["to_host"] == 0  # kept on the host until the next device write
+    assert np.asarray(w).tolist() == value.tolist() and w.shape == (2, 3)
+    w.assign(np.ones((2, 3)))  # a host write (outside a step): the device copy is dropped
+    assert w.on_device is None
+    out, moved, _ = _counted(lambda: f(np.float64(3.0)))
+    assert moved["to_device"] == 48 + 8 and float(out) == 18.0  # w up once, and the batch
+    _, moved, _ = _counted(lambda: f(np.float64(1.0)))
+    assert moved["to_device"] == 8
+
+
+def test_eager_mode_graph_mode_and_checkpoints_share_device_state(tmp_path):
+    w = rp.Variable(np.ones(3), name="w_mix")
+
+    def step(x):
+        loss = rnp.sum((w * x) ** 2)
+        w.assign(w - 0.1 * rp.grad(loss, w))
+        return loss
+
+    graph = rp.function(step, backend="cupy")
+    eager = rp.function(step, mode="eager")
+    ref = rp.Variable(np.ones(3), name="w_ref")
+    x = np.array([1.0, 2.0, 3.0])
+    graph(x)
+    assert w.on_device is not None
+    eager(x)  # reads the device value (copied down), writes on the host
+    assert w.on_device is None
+    graph(x)
+    for _ in range(3):
+        ref.assign(ref - 0.1 * 2 * x * x * ref)
+    np.testing.assert_allclose(w.numpy(), ref.numpy(), rtol=1e-12)
+    path = str(tmp_path / "ckpt.npz")
+    rp.checkpoint.save(path, {"w": w}, step=3)  # reads the device value
+    saved = w.numpy().copy()
+    graph(x)
+    rp.checkpoint.restore(path, {"w": w})
+    assert w.on_device is None and w.numpy().tolist() == saved.tolist()
+    graph(x)  # continues from the restored value, copied up again
+    np.testing.assert_allclose(w.numpy(), saved - 0.2 * x * x * saved, rtol=1e-12)
+
+
+def test_a_replicator_step_of_two_replicas_combines_them_on_the_device():
+    w = rp.Variable(np.zeros(4, np.float32), name="w_rep")
+    per = rp.Variable(np.zeros(4, np.float32), name="acc", per_replica=True)
+    data = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+    def input_fn(ctx):
+        return rp.shard_batches(data, 2, ctx, epochs=None)
+
+    def step_fn(x):
+        g = rp.all_reduce(rnp.mean(x, axis=0), "mean")  # a local_reduce of the 2 replicas
+        w.assign(w + g)
+        per.assign(per + rnp.sum(x, axis=0))
+        return {"g": rnp.sum(g)}
+
+    rep = rp.Replicator(input_fn, step_fn, backend="cupy", replicas_per_rank=2)
+    rep.run(1)
+    prims = {n.prim for n in rep.executable().graph.nodes}
+    assert "local_reduce" in prims and not {"mpi_allreduce", "comm_start"} & prims
+    (_, moved, standin) = _counted(lambda: rep.run(1))
+    assert moved == standin
+    assert moved == {"to_device": 2 * 2 * 4 * 4, "to_host": 2 * 4}, moved  # batches; outputs
+    got_w, got_per = w.numpy().copy(), per.numpy().copy()
+    w.assign(np.zeros(4)), per.restart(np.zeros(4))
+    rp.Replicator(input_fn, step_fn, replicas_per_rank=2).run(2)
+    assert got_w.tolist() == w.numpy().tolist() and got_per.tolist() == per.numpy().tolist()
+    assert got_per.shape == (2, 4)
+
+
+def test_a_failed_step_leaves_the_device_variables_as_they_were():
+    w = rp.Variable(np.ones(3), name="w_fail")
+    table = rp.Variable(np.arange(5.0), name="table")
+
+    def step(x, i):
+        w.assign(w * 2.0)
+        return rnp.sum(rnp.sqrt(x) * w) + table[i].sum()
+
+    f = rp.function(step, backend="cupy")
+    f(np.ones(3), np.array([0, 4]))
+    before = w.numpy().copy()
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 5"):
+        f(np.ones(3), np.array([1, 5]))  # NumPy raises; CuPy would wrap around (host check)
+    import cupy
+
+    with pytest.raises(IndexError, match="index -6 is out of bounds for axis 0 with size 5"):
+        f(np.ones(3), cupy.asarray(np.array([-6, 1])))  # a device index: checked there
+    g = rp.function(lambda x, i: step(x, i * 2), backend="cupy")  # computed on the device
+    (_, moved, _) = _counted(lambda: g(np.ones(3), np.array([1, 2])))
+    assert moved["to_host"] == 8 + 1  # the result and the one flag
+    with pytest.raises(IndexError, match="index 6 is out of bounds for axis 0 with size 5"):
+        g(np.ones(3), np.array([1, 3]))
+    w.assign(before)
+    input_fn = lambda ctx: iter([np.ones(3), -np.ones(3)])  # noqa: E731 - sqrt(-1): nan
+    rep = rp.Replicator(input_fn, lambda x: {"l": step(x, np.array([0]))}, backend="cupy",
+                        check_finite=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(rp.NonFiniteError, match=r"sqrt\(f64\[3\]\) -> f64\[3\] at "):
+            rep.run(2)
+    assert w.numpy().tolist() == (before * 2).tolist()  # step 1 written, step 2 not
+
+
+def test_function_returns_cupy_arrays_when_given_them_without_copying_them():
+    import cupy
+
+    w = rp.Variable(np.ones(3, np.float32), name="w_cp")
+    f = rp.function(lambda x: (x * w, rnp.sum(x)), backend="cupy")
+    x = cupy.asarray(np.arange(3, dtype=np.float32))
+    (a, s), moved, _ = _counted(lambda: f(x))
+    assert isinstance(a, cupy.ndarray) and isinstance(s, cupy.ndarray)
+    assert moved == {"to_device": 12, "to_host": 0}  # w, once; x and the results stay
+    _, moved, _ = _counted(lambda: f(x))
+    assert moved == {"to_device": 0, "to_host": 0}
+    assert a.get().tolist() == [0, 1, 2] and float(s) == 3.0
+    b, t = rp.function(lambda x: (x * w, rnp.sum(x)))(x)  # a host backend: CuPy out too
+    assert isinstance(b, cupy.ndarray) and b.get().tolist() == [0, 1, 2]
+    host = f(np.arange(3, dtype=np.float32))
+    assert type(host[0]) is np.ndarray  # NumPy in, NumPy out
+    v = rp.Variable(x * 2, name="from_cupy")  # a Variable made from a device array
+    assert v.numpy().tolist() == [0, 2, 4] and v.on_device is None
+
+
+@pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
+@pytest.mark.parametrize("backend", ["cupy", "jax", "numpy"])
+def test_function_returns_jax_arrays_when_given_them(backend):
+    import jax
+    import jax.numpy as jnp
+
+    f = rp.function(lambda x: rnp.tanh(x) * 2.0, backend=backend)
+    x = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32)
+    out = f(x)
+    assert isinstance(out, jax.Array)
+    np.testing.assert_allclose(np.asarray(out), np.tanh(np.asarray(x)) * 2, rtol=1e-6)
+    assert type(f(np.asarray(x))) is np.ndarray
+
+
+def test_constants_and_random_bits_are_made_once_and_on_the_device():
+    table = np.linspace(0.0, 1.0, 1000)
+
+    def draw(key, x):
+        return rnp.random.uniform(key, (64,), np.float32), rnp.random.split(key, 3), \
+            rnp.sum(table * x)
+
+    f = rp.function(draw, backend="cupy")
+    key = rnp.random.key(3).numpy()
+    _, moved, _ = _counted(lambda: f(key, np.float64(2.0)))
+    assert moved["to_device"] >= table.nbytes  # the constant, at lowering
+    got, moved, standin = _counted(lambda: f(key, np.float64(2.0)))
+    assert moved == standin and moved["to_device"] == key.nbytes + 8, moved
+    want = rp.function(draw)(key, np.float64(2.0))
+    for a, b in zip(got[:2], want[:2]):  # the random bits: NumPy's, bit for bit
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-12)
+
+
+def test_transport_choice():
+    from replicate.runtime.gpu_transport import Facts, choose, cuda_aware_mpi, requested
+
+    own = [Facts("n0", "0000:17:00.0", True, False), Facts("n0", "0000:18:00.0", True, False),
+           Facts("n1", "0000:17:00.0", True, False)]  # one bus id on two machines: not shared
+    shared = own[:1] + [Facts("n0", "0000:17:00.0", True, False)]
+    no_nccl = [Facts("n0", "0000:17:00.0", False, False), own[1]]
+    assert choose("auto", own) == ("nccl", "each rank has its own GPU")
+    kind, why = choose("auto", shared)
+    assert kind == "host" and "ranks 0 and 1 share GPU 0000:17:00.0 on n0" in why
+    assert "Duplicate GPU detected" in why
+    kind, why = choose("auto", no_nccl)
+    assert kind == "host" and "NCCL does not load on rank(s) [0]" in why
+    aware = [Facts(f.host, f.gpu, False, True) for f in own]
+    assert choose("auto", aware)[0] == "cuda-aware-mpi"
+    assert choose("host", own) == ("host", "REPLICATE_TRANSPORT=host")
+    assert choose("cuda-aware-mpi", own)[1].endswith("must be CUDA-aware, or it will fail)")
+    with pytest.raises(rp.ReplicateError, match=r"share GPU .*Duplicate GPU detected.*=host"):
+        choose("nccl", shared)
+    with pytest.raises(rp.ReplicateError, match=r"NCCL does not load on rank\(s\) \[0\]"):
+        choose("nccl", no_nccl)
+    assert requested({}) == "auto" and requested({"REPLICATE_TRANSPORT": " NCCL "}) == "nccl"
+    with pytest.raises(rp.ReplicateError, match="REPLICATE_TRANSPORT='gloo': choose one of"):
+        requested({"REPLICATE_TRANSPORT": "gloo"})
+    assert not cuda_aware_mpi({}) and cuda_aware_mpi({"MPICH_GPU_SUPPORT_ENABLED": "1"})
+
+
+@pytest.mark.parametrize("ranks", [2])
+def test_two_processes_over_every_transport(ranks):
+    """NCCL (each rank its own GPU), CUDA-aware MPI (asked for), host-staged (one shared GPU):
+    NumPy's results, bitwise the same parameters whichever carries the reductions; NCCL on one
+    shared GPU refused on every rank."""
+    if not cupy_standin.ACTIVE:
+        pytest.skip("a GPU is here: this runs the stand-in's NCCL (bench/gpu_nccl_check.py "
+                    "checks the real one)")
+    result = mpirun(os.path.join(PROGRAMS, "gpu_transport_mpi.py"), n=ranks, timeout=120,
+                    env=child_env())
+    assert result.returncode == 0, report(result)
+    for check in ("own GPUs as numpy over nccl", "CUDA-aware MPI as numpy over cuda-aware-mpi",
+                  "one shared GPU as numpy over host", "forced NCCL on one GPU refused",
+                  "the stand-in NCCL refuses too"):
+        assert result.stdout.count(check) == ranks, report(result)
+
+
+for _mark in needs_mpi:
+    test_two_processes_over_every_transport = _mark(test_two_processes_over_every_transport)
