@@ -1,6 +1,6 @@
 """The runtime: Replicator, communicator, input sharding."""
 
-from . import host_rows  # noqa: F401  (fills the reference table's communication rows)
+from . import host_rows, p2p  # noqa: F401  (fill the reference table's communication rows)
 from .data import shard_batches, steps_per_epoch
 from .replicator import Replicator
 
