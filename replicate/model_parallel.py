@@ -8,12 +8,14 @@ each) and whose batch is cut into ``where.micro`` micro-batches:
    once per micro-batch as if each were a replica of its own (``rp.num_replicas()`` is R·M;
    collectives combine every micro-batch, so ``all_reduce(grads, "mean")`` is the gradient of
    the whole batch): k·M traced replicas, every op placed on a device (``graph/devices.py``);
-2. with m > 1: ``check_placement`` (the replicas agree; a trained Variable on one device),
-   ``pipeline_order`` (GPipe: every forward, every backward, the update), ``split_devices``
-   (this device's part: transfers become send/recv, results and updates reach every device);
-3. the collective rewrite for this device's replica group — the same device of the R/k groups
-   of processes, on their own communicator — then CSE, the merge of the updates, DCE, and the
-   backend's passes as for any step.
+2. with m > 1, ``check_placement`` (the replicas agree; a trained Variable on one device);
+3. the collective rewrite of the whole replica (every device's collectives go to the same
+   device of the other replica groups, on their own communicator), then CSE (the k·M copies of
+   what follows the gradient exchange become one, transfers included);
+4. with m > 1, ``pipeline_order`` (GPipe: every forward, every backward, the update) and
+   ``split_devices`` (this device's part: transfers become send/recv, results and updates
+   reach every device);
+5. the merge of the updates, DCE, and the backend's passes as for any step.
 
 Every process compares the whole replica's placement (transfers, collectives and their devices,
 with their lines) before anything is exchanged, so a process that placed an op elsewhere is an
@@ -101,8 +103,13 @@ def micro_contexts(contexts, micro: int) -> list:
             for c in contexts for j in range(micro)]
 
 
+def trace_only(graph):
+    """``graph`` without its nodes: ``collective_schedule`` of it is the outputs' gather only."""
+    return dataclasses.replace(graph, nodes=[])
+
+
 def step_graph(fn, batches, contexts, where: Where, input_fn=None):
-    """Steps 1–3 of the road (module docstring) for this process's device."""
+    """Steps 1–5 of the road (module docstring) for this process's device."""
     pieces = [p for r, b in enumerate(batches) for p in split_batch(b, where.micro, input_fn, r)]
     placement = Placement(where.m) if where.m > 1 else None
     graph = trace_step(fn, pieces, micro_contexts(contexts, where.micro), placement=placement)
@@ -115,11 +122,22 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
             "supported with model parallelism or micro-batches yet (rp.wrap_optimizer("
             "accumulate=n) uses it; micro_batches=n accumulates within a step instead)")
     _dump("traced (placeholders)", graph)
-    schedule = None
-    if where.m > 1:
-        rows = check_placement(graph, where.micro)
-        graph = pipeline_order(graph, where.micro)
-        schedule = placement_schedule(rows) + collective_schedule(graph, fn)
+    rows = check_placement(graph, where.micro) if where.m > 1 else None
+    check_divergence(graph, K, where.groups)
+    graph = _checked("replicate_collectives",
+                     passes.replicate_collectives(graph, K, where.groups, where.group))
+    if where.device_comm is not None:  # this device's group of processes, not the world
+        for node in graph.nodes:
+            if REGISTRY[node.prim].exchange:
+                node.attrs = dict(node.attrs, comm=where.device_comm)
+    _dump("after collective rewrite", graph)
+    if K > 1:  # (also merges the replicas' identical transfers after the gradient exchange)
+        graph = _checked("cse", passes.cse(graph))
+    if rows is None:
+        schedule = collective_schedule(graph, fn)
+    else:
+        schedule = placement_schedule(rows) + collective_schedule(trace_only(graph), fn)
+        graph = _checked("pipeline_order", pipeline_order(passes.dce(graph), where.micro))
         graph.meta.pipeline = describe_pipeline(graph, where.m, where.micro)
         if debug_enabled("ir"):
             print(f"# pipeline schedule ({where.micro} micro-batches)\n{graph.meta.pipeline}\n",
@@ -127,18 +145,6 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
         graph = _checked("split_devices",
                          split_devices(graph, where.device, where.m, where.replica_comm))
         _dump(f"logical device {where.device}", graph)
-    check_divergence(graph, K, where.groups)
-    graph = _checked("replicate_collectives",
-                     passes.replicate_collectives(graph, K, where.groups, where.group))
-    if where.device_comm is not None:  # this device's group of processes, not the world
-        for node in graph.nodes:
-            if REGISTRY[node.prim].exchange and node.prim not in ("send", "recv"):
-                node.attrs = dict(node.attrs, comm=where.device_comm)
-    _dump("after collective rewrite", graph)
-    if schedule is None:
-        schedule = collective_schedule(graph, fn)
-    if K > 1:
-        graph = _checked("cse", passes.cse(graph))
     graph = _checked("merge_updates", merge_updates(graph))
     graph = _checked("dce", passes.dce(graph))
     graph.meta.collective_schedule = schedule

@@ -13,9 +13,9 @@ a step is traced with a ``Placement`` on its trace, every op records where it ru
 * the batch lives on device 0: another device that reads a batch leaf receives it.
 
 A value read on another device than the one that made it passes through a ``transfer``
-placeholder (``src`` → ``dst``, numbered per traced replica like a collective). Once every
-replica's and every device's subgraph exists, ``passes/split_devices.py`` checks that the
-replicas agree and rewrites each transfer into a ``send`` on ``src`` and a ``recv`` on ``dst``.
+placeholder (``src`` → ``dst``). Once every replica's and every device's subgraph exists, the
+replicas' placements are compared (``passes/pipeline.py``) and ``passes/split_devices.py``
+rewrites each transfer into a ``send`` on ``src`` and a ``recv`` on ``dst``.
 The gradient of a transfer is the transfer the other way (``graph/vjp_rules.py``).
 
 >>> import replicate as rp
@@ -63,14 +63,13 @@ IMPL["transfer"] = lambda x, **_: x  # (one process: a move between devices chan
 
 class Placement:
     """The placement state of one trace: ``m`` logical devices, the block the user is in, the
-    transfers made so far (one per value and destination), their numbers per traced replica."""
+    transfers made so far (one per value and destination)."""
 
     def __init__(self, m: int):
         self.m = m
         self.current: int | None = None
         self.backward = False
         self._moved: dict[tuple, object] = {}
-        self._seq: dict[int, int] = {}
         self._batch_ids: set = set()
         self._seen = (-1, -1)
 
@@ -103,9 +102,7 @@ class Placement:
     def _transfer(self, trace, x, src: int, dst: int):
         key = (x.id, dst)
         if key not in self._moved:
-            seq = self._seq.get(trace.replica, 0)
-            self._seq[trace.replica] = seq + 1
-            self._moved[key] = bind("transfer", x, src=src, dst=dst, seq=seq)
+            self._moved[key] = bind("transfer", x, src=src, dst=dst)
         return self._moved[key]
 
 

@@ -276,5 +276,5 @@ VJP = RuleTable("vjp", {
     "reduce_scatter": _reduce_scatter,
     "permute": _permute,
     # model parallelism: the gradient of a move between logical devices moves back
-    "transfer": lambda g, out, needs, x, *, src, dst, seq: (move(g, dst, src),),
+    "transfer": lambda g, out, needs, x, *, src, dst: (move(g, dst, src),),
 })

@@ -8,9 +8,10 @@ every device's subgraph still exists:
   (source, destination, shape), each collective's device, each result's and update's device —
   or ``CollectiveMismatchError`` names the lines; a Variable the step trains is read only on the
   device that updates it, or ``PlacementError`` names both lines;
-* ``pipeline_order``: the GPipe schedule — the forward pass of every micro-batch, then their
-  backward passes (last micro-batch first), then what needs them all (the update) — as one
-  order of the whole graph, which every device's part keeps;
+* ``pipeline_order`` (after the collective rewrite): the GPipe schedule — the forward pass of
+  every micro-batch, then their backward passes (last micro-batch first), then what needs them
+  all (the gradient exchange, the update) — as one order of the whole graph, which every
+  device's part keeps;
 * ``placement_schedule``: the transfers and collectives of a replica, with their devices and
   lines, which the processes compare before anything is exchanged;
 * ``describe_pipeline``: the schedule of each device in one line (``F0 F1 B1 B0 U``).
@@ -152,32 +153,23 @@ def _key(node, micro: int) -> tuple:
 def pipeline_order(graph: Graph, micro: int) -> Graph:
     """The GPipe order: nodes sorted by (phase, micro-batch), each no earlier than its inputs.
 
-    A node's key is the largest of its own (forward of micro-batch j: ``(0, j, 0)``; backward:
-    ``(1, M-1-j, 0)``) and its inputs' keys; a collective comes after every replica's operand
-    (its key: theirs, one level up). Sorting by (key, trace position) is a valid order since no
-    node's key is below its inputs'."""
+    Run after the collective rewrite. A node's key is the largest of its own (forward of
+    micro-batch j: ``(0, j, 0)``; backward: ``(1, M-1-j, 0)``) and its inputs' keys; the
+    in-process combine of the replicas' values (``local_reduce``) is one level above its
+    operands, so it follows every micro-batch's backward pass. Sorting by (key, position) is a
+    valid order since no node's key is below its inputs' (a transfer sorts right after the node
+    whose value it moves, so a device sends as soon as it has the value)."""
     index = {id(n): i for i, n in enumerate(graph.nodes)}
-    groups: dict = {}
+    key: dict[int, tuple] = {}
     for node in graph.nodes:
-        if REGISTRY[node.prim].placeholder:
-            groups.setdefault(node.attrs["seq"], []).append(node)
-    floor: dict[int, tuple] = {}  # collective node -> after the operands of its whole group
-    while True:
-        key: dict[int, tuple] = {}
-        for node in graph.nodes:
-            own = max(_key(node, micro), floor.get(id(node), (0, 0, 0)))
-            key[node.out.id] = max([own] + [key[x.id] for x in node.inputs if x.id in key])
-        changed = False
-        for members in groups.values():
-            top = max(key[x.id] for n in members for x in n.inputs if x.id in key) \
-                if any(n.inputs[0].id in key for n in members) else (0, 0, 0)
-            top = top[:2] + (top[2] + 1,)
-            for n in members:
-                if floor.get(id(n), (0, 0, 0)) < top:
-                    floor[id(n)], changed = top, True
-        if not changed:
-            break
-    nodes = sorted(graph.nodes, key=lambda n: (key[n.out.id], index[id(n)]))
+        top = max([_key(node, micro)] + [key[x.id] for x in node.inputs if x.id in key])
+        key[node.out.id] = top[:2] + (top[2] + 1,) if node.prim == "local_reduce" else top
+
+    def position(n):
+        source = n.inputs[0].node if n.prim == "transfer" else None
+        return index[id(n)] if id(source) not in index else index[id(source)] + 0.5
+
+    nodes = sorted(graph.nodes, key=lambda n: (key[n.out.id], position(n)))
     return Graph(graph.inputs, nodes, graph.outputs, graph.meta.copy())
 
 
