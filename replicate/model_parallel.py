@@ -10,11 +10,11 @@ each) and whose batch is cut into ``where.micro`` micro-batches:
    the whole batch): k·M traced replicas, every op placed on a device (``graph/devices.py``);
 2. with m > 1, ``check_placement`` (the replicas agree; a trained Variable on one device);
 3. the collective rewrite of the whole replica (every device's collectives go to the same
-   device of the other replica groups, on their own communicator), then CSE (the k·M copies of
-   what follows the gradient exchange become one, transfers included);
-4. with m > 1, ``pipeline_order`` (GPipe: every forward, every backward, the update) and
-   ``split_devices`` (this device's part: transfers become send/recv, results and updates
-   reach every device);
+   device of the other replica groups, on their own communicator); with m > 1
+   ``pipeline_order`` (GPipe: every forward, every backward, the update); CSE (the k·M copies
+   of what follows the gradient exchange become one, transfers included);
+4. with m > 1, ``split_devices`` (this device's part: transfers become send/recv, results and
+   updates reach every device);
 5. the merge of the updates, DCE, and the backend's passes as for any step.
 
 Every process compares the whole replica's placement (transfers, collectives and their devices,
@@ -131,13 +131,15 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
             if REGISTRY[node.prim].exchange:
                 node.attrs = dict(node.attrs, comm=where.device_comm)
     _dump("after collective rewrite", graph)
+    if rows is not None:  # (before CSE: a node the micro-batches share keeps its first place)
+        graph = _checked("pipeline_order", pipeline_order(graph, where.micro))
     if K > 1:  # (also merges the replicas' identical transfers after the gradient exchange)
         graph = _checked("cse", passes.cse(graph))
     if rows is None:
         schedule = collective_schedule(graph, fn)
     else:
         schedule = placement_schedule(rows) + collective_schedule(trace_only(graph), fn)
-        graph = _checked("pipeline_order", pipeline_order(passes.dce(graph), where.micro))
+        graph = passes.dce(graph)
         graph.meta.pipeline = describe_pipeline(graph, where.m, where.micro)
         if debug_enabled("ir"):
             print(f"# pipeline schedule ({where.micro} micro-batches)\n{graph.meta.pipeline}\n",

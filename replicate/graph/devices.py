@@ -127,38 +127,42 @@ def _placement():
     return None if trace is None else trace.placement
 
 
-@contextlib.contextmanager
-def logical_device(index: int):
+class logical_device:  # noqa: N801 - used like a function: with rp.logical_device(i):
     """Run the ops of the block on logical device ``index`` of this replica (graph mode, inside
     ``step_fn`` of a ``Replicator(..., logical_devices=m)``: 0 <= index < m). A value used on
     another device is sent there, and its gradient comes back; Variables live on the device whose
     ops read them. Without model parallelism there is one logical device, 0."""
-    if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
-        raise PlacementError(f"rp.logical_device({index!r}) at {source_line(user_frame())}: "
-                             "the device index is an int")
-    index = int(index)
-    placement = _placement()
-    m = 1 if placement is None else placement.m
-    if not 0 <= index < m:
+
+    def __init__(self, index: int):
         where = source_line(user_frame())
-        if placement is None and current_trace() is None and index > 0:
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
+            raise PlacementError(f"rp.logical_device({index!r}): the device index is an int "
+                                 f"(at {where})")
+        self.index, self.placement = int(index), _placement()
+        m = 1 if self.placement is None else self.placement.m
+        if 0 <= self.index < m:
+            return
+        if self.placement is None and current_trace() is None and self.index > 0:
             raise PlacementError(
-                f"rp.logical_device({index}) at {where} outside a traced step: logical devices "
-                "place the ops of step_fn in graph mode (a Replicator with logical_devices=m > "
-                "1); Variables need no placement (they live where their ops run)")
+                f"rp.logical_device({index}) outside a traced step (at {where}): logical "
+                "devices place the ops of step_fn in graph mode (a Replicator with "
+                "logical_devices=m > 1); Variables need no placement (they live where their ops "
+                "run)")
         raise PlacementError(
-            f"rp.logical_device({index}) at {where}: this replica has {m} logical device(s) "
-            f"(indices 0 to {m - 1}); "
-            + ("spread it over more with Replicator(..., logical_devices=m)" if m == 1 else
-               f"Replicator(..., logical_devices={m})"))
-    if placement is None:
-        yield
-        return
-    previous, placement.current = placement.current, index
-    try:
-        yield
-    finally:
-        placement.current = previous
+            f"rp.logical_device({index}): this replica has {m} logical device(s), indices 0 to "
+            f"{m - 1} (at {where}); "
+            + ("spread a replica over m processes with Replicator(..., logical_devices=m)"
+               if m == 1 else f"the Replicator was made with logical_devices={m}"))
+
+    def __enter__(self):
+        if self.placement is not None:
+            self.previous, self.placement.current = self.placement.current, self.index
+        return self
+
+    def __exit__(self, *exc):
+        if self.placement is not None:
+            self.placement.current = self.previous
+        return False
 
 
 @contextlib.contextmanager
