@@ -238,3 +238,12 @@ def test_model_parallel_oracle_across_processes(n, configs):
     for config in configs:  # (every rank checks; lines of different ranks may run together)
         assert result.stdout.count(f"OK {config}") == n, report(result)
     assert result.stdout.count("DONE") == n, report(result)
+
+
+@pytest.mark.mpi
+@needs_mpi[1]
+def test_a_device_failing_mid_step_ends_the_job():
+    result = mpirun("model_parallel_mpi.py", "crash", n=2, timeout=30)
+    assert result.returncode != 0, report(result)
+    assert "rank 1 failed at step 3" in result.stderr, report(result)
+    assert "IndexError" in result.stderr and "model_parallel_mpi.py" in result.stderr

@@ -59,6 +59,10 @@ class Layout:
         self.outputs_comm = comm
         self.where = Where(m, micro, self.device, self.group, self.groups)
 
+    def world_rank(self, r: int) -> int:
+        """The world rank of process ``r`` of ``outputs_comm`` (this device's group)."""
+        return r * self.m + self.device if self.m > 1 else r
+
     def contexts(self) -> list:
         """Each local replica's context (the same on the m processes of a replica)."""
         k = self.k

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python model_parallel_mpi.py 2,1,1 2,3,1 2,2,2 mismatch
     mpiexec -n 4 python model_parallel_mpi.py 2,2,1 4,2,1
+    mpiexec -n 2 python model_parallel_mpi.py crash      (ends the job: exit code 1)
 
 A config ``m,M,k`` trains a 4-layer MLP (layer l on logical device l % m) with m logical devices,
 M micro-batches and k replicas per process (R = n/m * k replicas) for 2 steps, and compares the
@@ -109,10 +110,35 @@ def mismatch():
     raise AssertionError("no error for a placement that differs between processes")
 
 
+def crash():
+    """Device 1 fails in the middle of a step while device 0 waits for its gradient: the job
+    ends (no hang), naming the rank and the user's line."""
+    w0 = rp.Variable(np.ones((3, 4)), name="w0")
+    w1 = rp.Variable(np.ones((4, 2)), name="w1")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w0, w1], lr=0.1))
+
+    def input_fn(ctx):
+        for step in range(1, 100):  # (the batch is read on device 0 and sent on)
+            yield np.ones((4, 3)), np.array([0, 1, 2, 3 if step < 3 else 9])
+
+    def step_fn(b):
+        x, index = b
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0)
+        with rp.logical_device(1):
+            loss = (h[index] @ w1).sum()  # index 9 at step 3: IndexError on device 1
+        opt.apply(rp.grad(loss, [w0, w1]))
+        return loss
+
+    rp.Replicator(input_fn, step_fn, logical_devices=2).run(5)
+
+
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
         if arg == "mismatch":
             mismatch()
+        elif arg == "crash":
+            crash()
         elif arg == "per_replica":
             per_replica_outputs()
         elif arg.startswith("jax:"):
