@@ -8,7 +8,7 @@ each) and whose batch is cut into ``where.micro`` micro-batches:
    once per micro-batch as if each were a replica of its own (``rp.num_replicas()`` is R·M;
    collectives combine every micro-batch, so ``all_reduce(grads, "mean")`` is the gradient of
    the whole batch): k·M traced replicas, every op placed on a device (``graph/devices.py``);
-2. with m > 1, ``check_placement`` (the replicas agree; a trained Variable on one device);
+2. with m > 1, ``check_placement`` (the replicas agree; a parameter on one device);
 3. the collective rewrite of the whole replica (every device's collectives go to the same
    device of the other replica groups, on their own communicator); with m > 1
    ``pipeline_order`` (GPipe: every forward, every backward, the update); CSE (the k·M copies
@@ -122,7 +122,8 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
             "supported with model parallelism or micro-batches yet (rp.wrap_optimizer("
             "accumulate=n) uses it; micro_batches=n accumulates within a step instead)")
     _dump("traced (placeholders)", graph)
-    rows = check_placement(graph, where.micro) if where.m > 1 else None
+    rows = None if placement is None else \
+        check_placement(graph, where.micro, placement.differentiated)
     check_divergence(graph, K, where.groups)
     graph = _checked("replicate_collectives",
                      passes.replicate_collectives(graph, K, where.groups, where.group))

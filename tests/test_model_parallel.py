@@ -152,7 +152,7 @@ def test_a_trained_variable_read_on_two_devices_names_both_lines():
     with pytest.raises(rp.PlacementError) as e:
         device_graph(step_fn, 0)
     text = str(e.value)
-    assert "variable 'w0' is updated on logical device" in text and "read on logical device" in text
+    assert "parameter 'w0' is updated on logical device" in text and "read on logical" in text
     assert text.count("test_model_parallel.py:") == 2
 
 

@@ -52,7 +52,7 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
 
 def backward(y: Array, xs: list, y_grad: Array) -> list:
     """Cotangents of ``xs`` given the cotangent ``y_grad`` of ``y`` (None where unconnected)."""
-    with backward_pass():  # (model parallelism: each gradient on the device of its op)
+    with backward_pass(xs):  # (model parallelism: each gradient on the device of its op)
         return _backward(y, xs, y_grad)
 
 

@@ -69,6 +69,7 @@ class Placement:
         self.m = m
         self.current: int | None = None
         self.backward = False
+        self.differentiated: set = set()  # ids of the values rp.grad differentiated against
         self._moved: dict[tuple, object] = {}
         self._batch_ids: set = set()
         self._seen = (-1, -1)
@@ -166,13 +167,15 @@ class logical_device:  # noqa: N801 - used like a function: with rp.logical_devi
 
 
 @contextlib.contextmanager
-def backward_pass():
+def backward_pass(targets=()):
     """Autodiff: while gradients are built, the user's block does not apply (each gradient goes
-    where its op ran) and the nodes made are marked backward (the pipeline schedule reads it)."""
+    where its op ran) and the nodes made are marked backward (the pipeline schedule reads it);
+    ``targets``: what the gradients are of (a Variable among them is a parameter)."""
     placement = _placement()
     if placement is None:
         yield
         return
+    placement.differentiated.update(x.id for x in targets)
     previous = placement.current, placement.backward
     placement.current, placement.backward = None, True
     try:

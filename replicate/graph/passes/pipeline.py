@@ -6,8 +6,10 @@ every device's subgraph still exists:
 
 * ``check_placement``: the traced replicas agree where things run — the n-th transfer of each
   (source, destination, shape), each collective's device, each result's and update's device —
-  or ``CollectiveMismatchError`` names the lines; a Variable the step trains is read only on the
-  device that updates it, or ``PlacementError`` names both lines;
+  or ``CollectiveMismatchError`` names the lines; a parameter (a Variable the step differentiates
+  and updates) is read only on the device that updates it, or ``PlacementError`` names both
+  lines (other Variables — optimiser state, a loss scale — may be read anywhere: every process
+  holds every Variable's value of the last step);
 * ``pipeline_order`` (after the collective rewrite): the GPipe schedule — the forward pass of
   every micro-batch, then their backward passes (last micro-batch first), then what needs them
   all (the gradient exchange, the update) — as one order of the whole graph, which every
@@ -75,8 +77,9 @@ def _per_replica(graph: Graph, K: int) -> list[list]:
     return rows
 
 
-def check_placement(graph: Graph, micro: int = 1) -> list:
-    """Raise unless the traced replicas agree on where everything runs and no trained Variable
+def check_placement(graph: Graph, micro: int = 1, parameters=frozenset()) -> list:
+    """Raise unless the traced replicas agree on where everything runs and no parameter (a
+    Variable the step differentiates and updates: ``parameters``, the ids of its graph inputs)
     is read on two devices; return replica 0's placement (``(what, node)`` in order)."""
     K = graph.meta.replicas
     rows = _per_replica(graph, K)
@@ -92,11 +95,11 @@ def check_placement(graph: Graph, micro: int = 1) -> list:
                     "Every replica (and micro-batch) must place the same ops on the same logical "
                     "devices: choose the device with a number that is the same for all, not "
                     "with rp.replica_id().")
-    _check_variables(graph, K)
+    _check_variables(graph, K, parameters)
     return rows[0]
 
 
-def _check_variables(graph: Graph, K: int) -> None:
+def _check_variables(graph: Graph, K: int, parameters) -> None:
     meta, nr = graph.meta, graph.meta.num_results
     need: dict[int, set] = {}  # value id -> the devices that read it
     reader: dict[tuple, object] = {}  # (value id, device) -> the node that reads it there
@@ -124,17 +127,17 @@ def _check_variables(graph: Graph, K: int) -> None:
         update = graph.outputs[nr * K + v * K]
         owner = device_of(graph, update)
         x = read_of.get(id(var))
-        if owner is None or x is None:
+        if owner is None or x is None or x.id not in parameters:
             continue
         others = sorted(need.get(x.id, set()) - {owner})
         if others:
             raise PlacementError(
-                f"variable {var.name!r} is updated on logical device {owner} (at "
+                f"parameter {var.name!r} is updated on logical device {owner} (at "
                 f"{_line(update.node)}) but also read on logical device {others[0]} (at "
-                f"{_line(reader[(x.id, others[0])])}). A Variable the step trains lives on one "
-                "logical device — the ops that read it, its gradient and its update run there. "
-                "Put every op that reads it under the same rp.logical_device(i) (weights tied "
-                "across devices are not supported).")
+                f"{_line(reader[(x.id, others[0])])}). A Variable the step differentiates and "
+                "updates lives on one logical device: the ops that read it, its gradient and its "
+                "update run there. Put every op that reads it under the same "
+                "rp.logical_device(i) (weights tied across devices are not supported).")
 
 
 def placement_schedule(rows: list) -> list:
