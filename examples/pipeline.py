@@ -19,7 +19,6 @@ import argparse
 import time
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 import replicate as rp
 from replicate.runtime import p2p
@@ -76,9 +75,9 @@ def main(argv=None):
         raise SystemExit("run with 2 processes: python -m replicate.launch -n 2 "
                          "examples/pipeline.py")
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
+    rng = np.random.default_rng(0)  # 10 classes of a random linear teacher on 64 features
+    x = rng.normal(size=(4096, 64)).astype(np.float32)
+    y = np.argmax(x @ rng.normal(size=(64, 10)), axis=1)
     stages = build(args.width, args.depth)
     params = [*stages[0].parameters().values(), *stages[1].parameters().values()]
     opt = rp.wrap_optimizer(rp.optim.SGD(params, lr=0.05, momentum=0.9))

@@ -9,12 +9,14 @@ parallel with M micro-batches gives the parameters of one device with batch R*B 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import mpirun, needs_mpi, report
+from conftest import ROOT, mpirun, needs_mpi, report
 from replicate.context import ReplicaContext
 from replicate.graph.devices import Placement
 from replicate.graph.validate import validate
@@ -247,3 +249,16 @@ def test_a_device_failing_mid_step_ends_the_job():
     assert result.returncode != 0, report(result)
     assert "rank 1 failed at step 3" in result.stderr, report(result)
     assert "IndexError" in result.stderr and "model_parallel_mpi.py" in result.stderr
+
+
+@pytest.mark.mpi
+@needs_mpi[1]
+def test_the_pipeline_example_runs_on_two_processes():
+    result = mpirun(os.path.join(ROOT, "examples", "pipeline.py"), "--width", "16", "--depth",
+                    "4", "--batch-size", "16", "--micro-batches", "1", "4", "--steps", "2",
+                    "--warmup", "1", n=2)
+    assert result.returncode == 0, report(result)
+    assert "device 0: F0 F1 F2 F3 B3 B2 B1 B0 U" in result.stdout, report(result)
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "4"], report(result)
+    assert [float(r[5]) for r in rows] == [0.5, 0.2]  # the GPipe formula beside the measurement
