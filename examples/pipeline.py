@@ -1,7 +1,7 @@
 """Pipeline model parallelism: a deep MLP split over 2 logical devices (2 processes), GPipe-style.
 
     python -m replicate.launch -n 2 examples/pipeline.py
-    python -m replicate.launch -n 2 examples/pipeline.py --micro-batches 1 2 4 8 --steps 20
+    python -m replicate.launch -n 2 examples/pipeline.py --micro-batches 1 4 --batch-size 256
 
 The first half of the layers runs on logical device 0 (process 0), the second half and the loss
 on device 1 (process 1); activations go forward and their gradients back as point-to-point
@@ -66,9 +66,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--depth", type=int, default=8, help="linear layers, split in two halves")
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per setting")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per setting")
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     if rp.process_count() != 2:

@@ -8,12 +8,12 @@ process d keeps what runs on device d, with what crosses devices made concrete:
   peer sends it anyway;
 * nodes placed on d are kept, floating nodes (made from Variables and constants only) where d
   needs them;
-* the step's results and Variable updates leave every process: one made on d is also sent to
-  every other device of the replica, one made elsewhere is received — so every process ends the
-  step holding every result and every Variable's new value (the next step, a checkpoint, a
-  ``v.numpy()`` read the same values everywhere). An update is sent once (the replicas' updates
-  are one value after the gradient exchange: ``merge_updates`` checks it on the device that
-  makes it).
+* the step's results and Variable updates leave every process: at the end of the step d sends
+  what it made to every other device of the replica, then receives what they made — so every
+  process ends the step holding every result and every Variable's new value (the next step, a
+  checkpoint, a ``v.numpy()`` read the same values everywhere). An update is sent once (the
+  replicas' updates are one value after the gradient exchange: ``merge_updates`` checks it on
+  the device that makes it).
 
 The point-to-point operations form one chain (each takes the previous one's result as an
 extra operand) in the order of the whole step, so a pass that reorders nodes cannot reorder
@@ -60,18 +60,9 @@ def split_devices(graph: Graph, device: int, m: int, comm: str | None = None) ->
         chain[0] = out
         return out
 
-    def send_or_receive(value, made_on, where):
-        """The value made on ``made_on`` on this device: sent from it, received elsewhere."""
-        if made_on is None:
-            return rb.get(value)
+    def tagged(where, emit):
         start = len(rb.trace.nodes)
-        if made_on == device:
-            out = rb.get(value)
-            for d in range(m):
-                if d != device:
-                    p2p("send", out, dst=d)
-        else:
-            out = p2p("recv", src=made_on, shape=value.shape, dtype=value.dtype)
+        out = emit()
         for new in rb.trace.nodes[start:]:
             new.where = where
         return out
@@ -90,17 +81,29 @@ def split_devices(graph: Graph, device: int, m: int, comm: str | None = None) ->
                 x = node.inputs[0]
                 rb.subst[node.out.id] = p2p("recv", src=src, shape=x.shape, dtype=x.dtype)
             rb.trace.nodes[-1].where = node.where
-        outputs = []
-        for r in range(K):  # every result, everywhere
-            for x in graph.outputs[r * nr:(r + 1) * nr]:
-                outputs.append(send_or_receive(x, owner[x.id], x.node and x.node.where))
-        for v in range(len(meta.updated)):  # every update, once, everywhere
+        # every result and (once) every update, everywhere: this device sends what it made,
+        # then receives the rest (sends do not block, so no device waits for another's turn)
+        ends = [x for x in graph.outputs[:nr * K]] + \
+            [graph.outputs[nr * K + v * K] for v in range(len(meta.updated))]
+        for x in ends:
+            if owner[x.id] == device:
+                value = rb.get(x)
+                for d in range(m):
+                    if d != device:
+                        tagged(x.node and x.node.where, lambda: p2p("send", value, dst=d))
+        received = {}
+        for x in ends:
+            if owner[x.id] not in (None, device):
+                received[x.id] = tagged(x.node and x.node.where, lambda: p2p(
+                    "recv", src=owner[x.id], shape=x.shape, dtype=x.dtype))
+        outputs = [received[x.id] if x.id in received else rb.get(x)
+                   for x in graph.outputs[:nr * K]]
+        for v in range(len(meta.updated)):
             block = graph.outputs[nr * K + v * K: nr * K + (v + 1) * K]
-            first = block[0]
-            made_on = owner[first.id]
-            value = send_or_receive(first, made_on, first.node and first.node.where)
-            outputs.extend([value] * K if made_on not in (None, device) else
-                           [value] + [rb.get(x) for x in block[1:]])
+            if block[0].id in received:
+                outputs.extend([received[block[0].id]] * K)
+            else:
+                outputs.extend(rb.get(x) for x in block)
     return rb.finish(outputs)
 
 
