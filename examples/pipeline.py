@@ -105,11 +105,12 @@ def main(argv=None):
         print(f"MLP 64-{args.width}x{args.depth - 1}-10 ({args.depth} layers, half on each "
               f"device), batch {args.batch_size}, float32, 2 logical devices on 2 processes; "
               f"one device: {one * 1e3:.1f} ms/step")
-        print("micro-batches  ms/step  speed-up  bubble dev0  bubble dev1  GPipe (m-1)/(M+m-1)"
+        print("micro-batches  ms/step  speed-up  bubble dev0  dev1  mean  GPipe (m-1)/(M+m-1)"
               "  loss")
         for micro, seconds, waiting, loss in rows:
             print(f"{micro:13d}  {seconds * 1e3:7.1f}  {one / seconds:7.2f}x  {waiting[0]:11.2f}"
-                  f"  {waiting[1]:11.2f}  {1 / (micro + 1):19.2f}  {loss:.3f}")
+                  f"  {waiting[1]:4.2f}  {waiting.mean():4.2f}  {1 / (micro + 1):19.2f}"
+                  f"  {loss:.3f}")
     return rows
 
 

@@ -261,4 +261,4 @@ def test_the_pipeline_example_runs_on_two_processes():
     assert "device 0: F0 F1 F2 F3 B3 B2 B1 B0 U" in result.stdout, report(result)
     rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "4"], report(result)
-    assert [float(r[5]) for r in rows] == [0.5, 0.2]  # the GPipe formula beside the measurement
+    assert [float(r[6]) for r in rows] == [0.5, 0.2]  # the GPipe formula beside the measurement
