@@ -132,7 +132,16 @@ class logical_device:  # noqa: N801 - used like a function: with rp.logical_devi
     """Run the ops of the block on logical device ``index`` of this replica (graph mode, inside
     ``step_fn`` of a ``Replicator(..., logical_devices=m)``: 0 <= index < m). A value used on
     another device is sent there, and its gradient comes back; Variables live on the device whose
-    ops read them. Without model parallelism there is one logical device, 0."""
+    ops read them. Without model parallelism there is one logical device, 0.
+
+    >>> import numpy as np, replicate as rp, replicate.numpy as rnp
+    >>> def step_fn(x):
+    ...     with rp.logical_device(0):  # (a Replicator with logical_devices=2 also takes 1)
+    ...         h = rnp.tanh(x)
+    ...     return (h * h).sum()  # outside a block: where its operand is, device 0
+    >>> float(rp.function(step_fn)(np.zeros(3)))
+    0.0
+    """
 
     def __init__(self, index: int):
         where = source_line(user_frame())
