@@ -38,7 +38,7 @@ from .compiler import (
 )
 from .compiler import compile_step as compile_replicated
 from .debug import debug_enabled
-from .errors import InputError, PlacementError, function_location
+from .errors import DivergenceError, InputError, PlacementError, function_location
 from .graph import passes
 from .graph.devices import Placement
 from .graph.passes.merge_updates import merge_updates
@@ -124,7 +124,15 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
     _dump("traced (placeholders)", graph)
     rows = None if placement is None else \
         check_placement(graph, where.micro, placement.differentiated)
-    check_divergence(graph, K, where.groups)
+    try:
+        check_divergence(graph, K, where.groups)
+    except DivergenceError as e:
+        if where.micro == 1:
+            raise
+        raise DivergenceError(
+            f"{e}\nWith micro_batches={where.micro} each micro-batch is traced as a replica of "
+            "its own: its gradients are combined like replicas' (rp.wrap_optimizer(opt) averages "
+            "them over the micro-batches and the replicas).") from None
     graph = _checked("replicate_collectives",
                      passes.replicate_collectives(graph, K, where.groups, where.group))
     if where.device_comm is not None:  # this device's group of processes, not the world

@@ -226,6 +226,23 @@ def test_micro_batches_give_the_parameters_of_one_big_batch():
     np.testing.assert_allclose([h.mean() for h in losses], [h[0] for h in ref_losses], atol=1e-13)
 
 
+def test_micro_batches_are_replicas_for_the_divergence_check():
+    w = rp.Variable(np.ones(3), name="w")
+    opt = rp.optim.SGD([w], lr=0.1)  # not wrapped: the micro-batches' gradients never combine
+
+    def input_fn(ctx):
+        while True:
+            yield np.ones((4, 3))
+
+    def step_fn(x):
+        opt.apply([rp.grad((x @ w).sum(), w)])
+        return {}
+
+    with pytest.raises(rp.DivergenceError, match=r"(?s)variable 'w'.*micro_batches=2 each "
+                                                 r"micro-batch is traced as a replica"):
+        rp.Replicator(input_fn, step_fn, micro_batches=2).run(1)
+
+
 # -- across processes ----------------------------------------------------------------------------
 @pytest.mark.mpi
 @needs_mpi[1]
