@@ -71,6 +71,10 @@ def oracle(config, backend="numpy"):
     kinds = [n.prim for n in rep.compiled_graph().nodes]
     if m > 1:
         assert "send" in kinds and "recv" in kinds, kinds
+    if m > 1 and rep.layout.groups > 1:  # the gradients' buckets, among this device's group
+        comms = {n.attrs.get("comm") for n in rep.executable().graph.nodes
+                 if n.prim in ("comm_start", "mpi_allreduce")}
+        assert comms == {f"device{rep.layout.device}.of{m}"}, comms
     print(f"OK {config} {backend} R={R} {err:.1e}", flush=True)
 
 
