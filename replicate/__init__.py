@@ -29,6 +29,7 @@ from .errors import (
     InputError,
     NonFiniteError,
     NumpyConversionError,
+    PlacementError,
     ReplicaContextError,
     ReplicateError,
     ShapeError,
@@ -37,6 +38,7 @@ from .errors import (
 from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
+from .graph.devices import logical_device
 from .optim import wrap_optimizer
 from .runtime import Replicator, callbacks, checkpoint, data, host
 from .runtime.data import shard_batches
@@ -60,5 +62,5 @@ __all__ = [
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
-    "process_index",
+    "process_index", "logical_device", "PlacementError",
 ]

@@ -45,6 +45,10 @@ class CollectiveMismatchError(ReplicateError):
     """Replicas (or processes) disagree about a collective."""
 
 
+class PlacementError(ReplicateError, ValueError):
+    """Model parallelism: a logical device that does not exist, or a Variable on two devices."""
+
+
 class ConfigMismatchError(ReplicateError):
     """The processes of a job constructed their ``Replicator`` differently (mode, backend,
     replicas per rank, outputs, options, checks, timeout, or the model's Variables)."""

@@ -50,15 +50,16 @@ class _Autocast(dependency.TraceKeyed):
 AUTOCAST = _Autocast()
 
 
-def trace_step(fn, batches, contexts=None, prefix=None) -> Graph:
+def trace_step(fn, batches, contexts=None, prefix=None, placement=None) -> Graph:
     """Trace ``fn(batch)`` for each replica's batch (``contexts[r]`` active while replica r is
     traced; ``None``: leave the current context alone). The graph's inputs are every replica's
     batch leaves, then the variables read; its outputs every replica's results, then each
-    replica's final value of every updated variable (``meta`` says which is which)."""
+    replica's final value of every updated variable (``meta`` says which is which).
+    ``placement``: model parallelism (``graph.devices.Placement``), the ops placed on devices."""
     k = len(batches)
     contexts = contexts if contexts is not None else [None] * k
     trace = Trace()
-    trace.replicas = k
+    trace.replicas, trace.placement = k, placement
     trace.depends_on(AUTOCAST)
     batch_inputs, names, results, treedefs = [], [], [], []
     with active(trace):

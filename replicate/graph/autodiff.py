@@ -13,7 +13,8 @@ import numpy as np
 from .. import tree
 from ..errors import MissingRuleError, ReplicateError
 from ..numpy import add, as_array, cast, ones_like, zeros_like
-from .core import Array
+from .core import Array, current_trace
+from .devices import backward_pass, gradient_of
 from .primitives import get, is_float
 from .vjp_rules import VJP
 
@@ -51,6 +52,12 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
 
 def backward(y: Array, xs: list, y_grad: Array) -> list:
     """Cotangents of ``xs`` given the cotangent ``y_grad`` of ``y`` (None where unconnected)."""
+    with backward_pass(xs):  # (model parallelism: each gradient on the device of its op)
+        return _backward(y, xs, y_grad)
+
+
+def _backward(y: Array, xs: list, y_grad: Array) -> list:
+    placing = getattr(current_trace(), "placement", None) is not None
     targets = {x.id for x in xs}
     order, relevant = _topo_order(y, targets)
     cts = {y.id: y_grad}
@@ -66,7 +73,11 @@ def backward(y: Array, xs: list, y_grad: Array) -> list:
         if rule is None:
             raise MissingRuleError(f"no vjp rule for {node.prim}")
         needs = tuple(relevant.get(i.id, False) and is_float(i.dtype) for i in node.inputs)
-        in_cts = rule(g, a, needs, *node.inputs, **node.attrs)
+        if placing:  # model parallelism: the gradient goes where the op ran
+            with gradient_of(node):
+                in_cts = rule(g, a, needs, *node.inputs, **node.attrs)
+        else:
+            in_cts = rule(g, a, needs, *node.inputs, **node.attrs)
         for inp, need, ct in zip(node.inputs, needs, in_cts):
             if not need or ct is None:
                 continue

@@ -38,14 +38,15 @@ _ids = itertools.count()
 class Node:
     """One primitive application: ``out = prim(*inputs, **attrs)``."""
 
-    __slots__ = ("prim", "inputs", "attrs", "out", "where", "__weakref__")
+    __slots__ = ("prim", "inputs", "attrs", "out", "where", "placed", "__weakref__")
 
-    def __init__(self, prim: str, inputs: tuple, attrs: dict, where=None):
+    def __init__(self, prim: str, inputs: tuple, attrs: dict, where=None, placed=None):
         self.prim = prim
         self.inputs = inputs
         self.attrs = attrs
         self.out: Array | None = None
         self.where = where  # (file, line) of the user's call, recorded in graph mode
+        self.placed = placed  # model parallelism: its logical device (``graph/devices.py``)
 
     def __repr__(self) -> str:
         return f"Node({self.prim}, {len(self.inputs)} inputs)"
@@ -248,7 +249,8 @@ class GraphMeta:
     ``collective_schedule`` (the cross-process exchanges as written, which the ranks compare).
     ``guards``: the Python-level state the trace read (``replicate.dependency``), which must be
     unchanged for the step to be reused; ``divergent``: the updated variables whose new value
-    depends on per-replica data that no collective combined (``(variable, where, source)``).
+    depends on per-replica data that no collective combined (``(variable, where, source)``);
+    ``pipeline``: with logical devices, the schedule of each (``passes/pipeline.py``).
     A backend may attach its own plan (``memory_plan``). Read as attributes or, like a dict,
     ``meta["updated"]``."""
 
@@ -262,6 +264,7 @@ class GraphMeta:
     memory_plan: Any = None
     guards: tuple = ()
     divergent: tuple = ()
+    pipeline: str | None = None  # model parallelism: each device's schedule, one line each
 
     def __getitem__(self, key):
         if key not in _META_FIELDS:
@@ -331,7 +334,10 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
     trace = getattr(_local, "trace", None)
     if trace is not None:
         inputs = tuple(trace.lift(x) for x in inputs)
-        node = Node(prim, inputs, attrs, user_frame())
+        placed = None
+        if trace.placement is not None:  # model parallelism: place it, move what crosses
+            placed, inputs = trace.placement.place(trace, prim, inputs, attrs)
+        node = Node(prim, inputs, attrs, user_frame(), placed)
         out = Array(aval, node=node, trace=trace)
         node.out = out
         trace.record(node)

@@ -6,7 +6,8 @@
       in (c) }
 
 A placeholder collective (``all_reduce`` & co. before the rewrite) prints as
-``collective[kind='all_reduce' ...]``: it is not communication yet.
+``collective[kind='all_reduce' ...]``: it is not communication yet. With logical devices a node
+placed on device d prints as ``matmul@d``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def format_graph(graph, indent: str = "", gen=None, names=None) -> str:
         spec = REGISTRY.get(prim)
         if spec is not None and spec.placeholder:  # not communication yet: say so
             attrs, prim = {"kind": prim, **attrs}, "collective"
+        device = getattr(node.placed, "device", None)
+        if device is not None and node.prim != "transfer":  # model parallelism: where it runs
+            prim = f"{prim}@{device}"
         text = ""
         if attrs:
             text = "[" + " ".join(f"{k}={_fmt_attr(v)}" for k, v in attrs.items()) + "]"

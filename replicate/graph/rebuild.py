@@ -35,7 +35,7 @@ class Rebuilder:
         """Copy ``node`` with (substituted) inputs; reuse it when nothing changed is not
         possible across traces, so a new node is always made."""
         inputs = tuple(self.subst[i.id] for i in node.inputs) if inputs is None else tuple(inputs)
-        new = Node(node.prim, inputs, node.attrs, node.where)
+        new = Node(node.prim, inputs, node.attrs, node.where, node.placed)
         out = Array(node.out.aval, node=new, trace=self.trace)
         new.out = out
         self.trace.record(new)

@@ -37,6 +37,7 @@ class Trace:
         self._var_read: dict[tuple, Array] = {}  # (replica, id(var)) -> a per-replica read
         self._var_by_id: dict[int, object] = {}
         self._collective_seq: dict[int, int] = {}
+        self.placement = None  # model parallelism: a ``graph.devices.Placement``
 
     def next_collective_seq(self) -> int:
         """The index of the next collective this replica records (matched across replicas)."""

@@ -15,6 +15,7 @@ import numpy as np
 from .. import numpy as rnp
 from .collectives import bind_collective
 from .core import bind, concrete
+from .devices import move
 from .primitives import RuleTable, parse_einsum
 
 
@@ -274,4 +275,6 @@ VJP = RuleTable("vjp", {
     "broadcast": _broadcast,
     "reduce_scatter": _reduce_scatter,
     "permute": _permute,
+    # model parallelism: the gradient of a move between logical devices moves back
+    "transfer": lambda g, out, needs, x, *, src, dst: (move(g, dst, src),),
 })

@@ -1,6 +1,6 @@
 """The runtime: Replicator, communicator, input sharding."""
 
-from . import gpu_transport, host_rows  # noqa: F401  (device transports; the communication rows)
+from . import gpu_transport, host_rows, p2p  # noqa: F401  (device transports; the communication rows)
 from .data import shard_batches, steps_per_epoch
 from .replicator import Replicator
 

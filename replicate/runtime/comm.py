@@ -69,6 +69,9 @@ class SelfComm:
     def dup(self):
         return self
 
+    def split(self, color: int, key: int, label: str):
+        return self
+
     def bcast_obj(self, obj, root=0):
         return obj
 
@@ -236,6 +239,32 @@ class MPIComm:
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         local.Free()
 
+    def split(self, color: int, key: int, label: str):
+        """The communicator of the processes that give the same ``color`` (ranked by ``key``),
+        watched under ``label`` (model parallelism: a device's or a replica's processes)."""
+        ident = self._enter(f"split({label})")
+        try:
+            comm = self.comm.Split(color, key)
+        finally:
+            self._leave(ident)
+        return MPIComm(comm, label)
+
+    def isend(self, x: np.ndarray, dest: int):
+        """Start sending ``x`` (C-contiguous, kept alive by the caller until the request is
+        done) to rank ``dest``; returns the MPI request."""
+        return self.comm.Isend(self._bytes(x), dest=dest)
+
+    def recv(self, shape, dtype, source: int) -> np.ndarray:
+        """Receive an array from rank ``source`` (messages between two ranks arrive in the order
+        they were sent)."""
+        out = np.empty(shape, dtype)
+        ident = self._enter(f"recv(from rank {source})", out)
+        try:
+            self.comm.Recv(self._bytes(out), source=source)
+        finally:
+            self._leave(ident)
+        return out
+
     def abort(self, code: int = 1):
         status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
         sys.stdout.flush()
@@ -246,6 +275,16 @@ class MPIComm:
 
 
 _world = None
+_groups: dict = {}  # label -> communicator of a group of processes (model parallelism)
+
+
+def group(label: str | None = None):
+    """The communicator a compiled step's exchange names (``comm=label``; None: the world)."""
+    return world() if label is None else _groups[label]
+
+
+def add_group(comm) -> None:
+    _groups[comm.label] = comm
 
 
 def world():

@@ -9,9 +9,10 @@ hashes differ do they exchange the configurations themselves, and every rank rai
 doing something else at that moment (restoring a checkpoint, running a step) meets the
 construction as a ``CollectiveMismatchError`` naming both calls.
 
-The fields: mode, backend, replicas per rank, outputs, compile options, check_finite,
-check_sync, the collective timeout, and the Variables alive in the process (count, shapes and
-dtypes in creation order; ``local=True`` ones are each process's own and left out).
+The fields: mode, backend, replicas per rank, logical devices, micro-batches, outputs, compile
+options, check_finite, check_sync, the collective timeout, and the Variables alive in the process
+(count, shapes and dtypes in creation order; ``local=True`` ones are each process's own and left
+out).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def fields(rep) -> dict:
         "mode": rep.mode,
         "backend": rep.backend.name,
         "replicas_per_rank": rep.k,
+        "logical_devices": rep.layout.m,
+        "micro_batches": rep.layout.micro,
         "outputs": rep.outputs,
         "options": options,
         "check_finite": rep.check_finite,

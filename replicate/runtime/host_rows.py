@@ -19,7 +19,7 @@ from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
-from .comm import world
+from .comm import group, world
 from .overlap import start_allreduce
 
 _HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
@@ -98,9 +98,12 @@ def _permute(x, *, num_replicas, replica, seq, shift):
 IMPL.update({
     "all_reduce": _all_reduce, "all_gather": _all_gather, "broadcast": _broadcast,
     "reduce_scatter": _reduce_scatter, "permute": _permute,
-    "mpi_allreduce": lambda x, op, owned=False, **_: world().allreduce(x, op, owned),
-    "mpi_allgather": lambda x, size, **_: world().allgather(x),
-    "mpi_broadcast": lambda x, root, **_: world().bcast(x, root),
-    "comm_start": lambda x, *, op, owned=False, **_: start_allreduce(x, op, owned),
+    # (comm: the communicator of a device's processes, with model parallelism; else the world)
+    "mpi_allreduce": lambda x, op, owned=False, comm=None, **_: group(comm).allreduce(x, op,
+                                                                                      owned),
+    "mpi_allgather": lambda x, size, comm=None, **_: group(comm).allgather(x),
+    "mpi_broadcast": lambda x, root, comm=None, **_: group(comm).bcast(x, root),
+    "comm_start": lambda x, *, op, owned=False, comm=None, **_: start_allreduce(x, op, owned,
+                                                                                 comm),
     "comm_wait": lambda handle, **_: handle.result(),
 })

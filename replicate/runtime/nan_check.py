@@ -121,7 +121,10 @@ def check(rep, outputs, step, updates=(), flags=None) -> None:
     variable updates, are not finite. ``updates``: this rank's findings
     (``non_finite_updates``); ``flags``: per rank, whether it found any."""
     bad = non_finite_outputs(outputs) + list(updates)
-    ranks = [] if flags is None else [r for r, f in enumerate(flags) if f and r != rep.rank]
+    # flags: per process of the outputs' communicator (model parallelism: this device's group)
+    rank_of = getattr(getattr(rep, "layout", None), "world_rank", lambda r: r)
+    ranks = [] if flags is None else [rank_of(r) for r, f in enumerate(flags)
+                                      if f and rank_of(r) != rep.rank]
     if not bad and not ranks:
         return
     lines = [f"step {step}: non-finite values (check_finite=True); the variables keep their "

@@ -12,9 +12,9 @@ from __future__ import annotations
 import queue
 import threading
 
-from .comm import world
+from .comm import group
 
-_thread = None
+_threads: dict = {}  # communicator label (None: the world) -> its communication thread
 _lock = threading.Lock()
 
 
@@ -57,15 +57,15 @@ class CommThread:
             handle._done.set()
 
 
-def comm_thread() -> CommThread:
-    """The process's communication thread (started on first use, on a duplicate of ``world``)."""
-    global _thread
+def comm_thread(label: str | None = None) -> CommThread:
+    """The process's communication thread for a communicator (started on first use, on a
+    duplicate of it; ``None``: the world, else a group of processes of model parallelism)."""
     with _lock:
-        if _thread is None:
-            _thread = CommThread(world().dup())
-        return _thread
+        if label not in _threads:
+            _threads[label] = CommThread(group(label).dup())
+        return _threads[label]
 
 
-def start_allreduce(x, op: str, inplace: bool = False) -> Handle:
+def start_allreduce(x, op: str, inplace: bool = False, comm: str | None = None) -> Handle:
     """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket)."""
-    return comm_thread().submit(lambda comm, x: comm.allreduce(x, op, inplace), x)
+    return comm_thread(comm).submit(lambda c, x: c.allreduce(x, op, inplace), x)

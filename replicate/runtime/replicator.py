@@ -11,8 +11,7 @@ import numpy as np
 
 from .. import state, tree
 from ..backends import get_backend
-from ..compiler import compile_step
-from ..context import ReplicaContext, replica_scope
+from ..context import replica_scope
 from ..errors import (
     CollectiveMismatchError,
     ReplicateError,
@@ -42,6 +41,7 @@ from .checks import (
 from .comm import world
 from .config import agree_config
 from .data import progress_total
+from .layout import Layout
 from .prefetch import parse_prefetch
 from .schedule import Schedules
 
@@ -70,6 +70,8 @@ class Replicator:
     is how long a cross-process call may wait before the job is aborted with a report of the
     missing ranks. ``prefetch``: steps of input made ahead on a background thread (default 2;
     0 for input that must see the latest parameters, on-policy RL: ``runtime/prefetch.py``).
+    ``logical_devices=m``: a replica spans m processes (``rp.logical_device(i)`` places ops);
+    ``micro_batches=M``: each batch runs as M micro-batches (a GPipe pipeline): ``layout.py``.
 
     >>> import numpy as np, replicate as rp
     >>> w = rp.Variable(np.zeros(2), name="w")
@@ -87,17 +89,13 @@ class Replicator:
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
                  replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
                  check_finite: bool = False, check_sync: bool | int = True,
-                 collective_timeout: float | None = None, prefetch: int = 2):
+                 collective_timeout: float | None = None, prefetch: int = 2,
+                 logical_devices: int = 1, micro_batches: int = 1):
         check_arguments(input_fn, step_fn, replicas_per_rank, outputs, check_finite, check_sync)
         if collective_timeout is not None:
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
         self.prefetch = parse_prefetch(prefetch)
         self.mode = check_mode(mode)
-        if self.mode == "eager" and replicas_per_rank != 1:
-            raise ReplicateError(
-                "eager mode runs one replica per process (ChainerMN-style); use "
-                "replicas_per_rank=1 and more processes (mpiexec -n N), or graph mode for "
-                "several replicas per process")
         self.backend = get_backend(backend)
         self.options = as_options(options)
         self.input_fn, self.step_fn = input_fn, checked_step_fn(step_fn)
@@ -110,9 +108,8 @@ class Replicator:
         self.comm = comm or world()
         self.collective_timeout = collective_timeout  # (None: the process's current one)
         self.rank, self.num_ranks = self.comm.rank, self.comm.size
-        self.num_replicas = self.k * self.num_ranks
-        self.contexts = [ReplicaContext(self.rank * self.k + r, self.num_replicas, self.rank,
-                                        self.num_ranks, r, self.k) for r in range(self.k)]
+        self.layout = Layout(self.comm, self.k, logical_devices, micro_batches, self.mode)
+        self.num_replicas, self.contexts = self.layout.num_replicas, self.layout.contexts()
         self.cache = StepCache()
         self.trace_count = 0
         self.step = 0
@@ -124,6 +121,7 @@ class Replicator:
         self._stop = False  # rep.stop() was called (by a callback) on this rank
         self._pending = None  # batches drawn at the step start where the ranks agreed to stop
         agree_config(self)  # every rank constructed it alike (one small exchange)
+        self.layout.connect()  # (model parallelism: its groups' communicators)
         if collective_timeout is not None:
             watchdog.set_timeout(collective_timeout)
 
@@ -350,8 +348,8 @@ class Replicator:
         self.trace_count += 1
         step, error, key = None, None, None
         try:
-            step = compile_step(self.step_fn, batches, self.contexts, backend=self.backend,
-                                options=self.options, num_ranks=self.num_ranks, rank=self.rank)
+            step = self.layout.compile_step(self.step_fn, batches, self.contexts, self.backend,
+                                            self.options, self.input_fn)
         except ReplicateError as e:
             error = e
         if step is not None:
@@ -392,7 +390,7 @@ class Replicator:
             agree(self.comm, OUTPUTS, digest(f"{self._out_tree}|{what}"), describe=lambda: (
                 f"the end of step {self.step + 1}: gathering the outputs ({what}) of step_fn "
                 f"{function_location(self.step_fn)}"))
-        gathered = gather_outputs(self.comm, results, flag)  # one exchange
+        gathered = gather_outputs(self.layout.outputs_comm, results, flag)  # one exchange
         if flag is not None:
             gathered, flags = gathered
         reduced = [OUTPUT_REDUCTIONS[self.outputs](everyone) for everyone in gathered]

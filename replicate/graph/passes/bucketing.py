@@ -172,8 +172,8 @@ def communication_first(graph: Graph) -> Graph:
     gradient's update can sit between the next gradients' computations; a bucket must close
     before the first use of its results, so that order gave one bucket per gradient."""
     needed: set[int] = set()
-    for node in reversed(graph.nodes):
-        if node.prim == "mpi_allreduce" or node.out.id in needed:
+    for node in reversed(graph.nodes):  # (a pipeline stage's sends must not wait for them)
+        if node.prim in ("mpi_allreduce", "send") or node.out.id in needed:
             needed.update(x.id for x in node.inputs)
             needed.add(node.out.id)
     first = [n for n in graph.nodes if n.out.id in needed]

@@ -2,7 +2,8 @@
 
 Two nodes with the same primitive, the same (already merged) inputs and equal attributes compute
 the same value; the later one is dropped. Small constants are compared by value, so the k copies of
-an optimiser update that the replicas trace after an all-reduce collapse into one.
+an optimiser update that the replicas trace after an all-reduce collapse into one. Nodes placed
+on different logical devices are different nodes (each device computes its own).
 
 Communication (the primitives flagged ``effect``: collectives and cross-process exchanges)
 is never merged: two equal all-reduces are two exchanges with the other processes, which must see
@@ -35,7 +36,8 @@ def _attr_key(value):
 
 
 def node_key(node, inputs):
-    return (node.prim, tuple(i.id for i in inputs), _attr_key(node.attrs))
+    device = None if node.placed is None else node.placed.device  # (model parallelism)
+    return (node.prim, tuple(i.id for i in inputs), _attr_key(node.attrs), device)
 
 
 def cse(graph: Graph) -> Graph:

@@ -173,7 +173,7 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Gr
                 lowered[seq] = _lower_group(members, [rb.get(m.inputs[0]) for m in members],
                                             k, n, rank)
                 for new in rb.trace.nodes[start:]:  # errors must name the user's line, not ours
-                    new.where = members[0].where
+                    new.where, new.placed = members[0].where, members[0].placed
                 for m, value in zip(members, lowered[seq]):
                     rb.subst[m.out.id] = value
     return rb.finish()

@@ -1,0 +1,152 @@
+"""Model parallelism under mpiexec: the oracle for each R x m x M combination, and the errors.
+
+    mpiexec -n 2 python model_parallel_mpi.py 2,1,1 2,3,1 2,2,2 mismatch
+    mpiexec -n 4 python model_parallel_mpi.py 2,2,1 4,2,1
+    mpiexec -n 2 python model_parallel_mpi.py crash      (ends the job: exit code 1)
+
+A config ``m,M,k`` trains a 4-layer MLP (layer l on logical device l % m) with m logical devices,
+M micro-batches and k replicas per process (R = n/m * k replicas) for 2 steps, and compares the
+parameters and losses on every rank with one device trained on batch R*B in this process
+(float64). Prints ``OK <config> <max error>`` per config, ``DONE`` at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import replicate as rp
+import replicate.numpy as rnp
+from replicate.runtime.comm import SelfComm
+
+B, STEPS = 6, 2
+WIDTHS = [5, 7, 6, 7, 3]
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, WIDTHS[0]))
+    return x, (x[:, :WIDTHS[-1]] ** 2).astype(np.float64)
+
+
+def train(m, micro, k, batch, comm=None, backend="numpy", outputs="mean"):
+    rng = np.random.default_rng(1)
+    ws = [rp.Variable(rng.normal(size=(a, b)) * 0.4, name=f"w{i}")
+          for i, (a, b) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:]))]
+    bias = rp.Variable(np.zeros(WIDTHS[1]), name="bias")
+    params = ws + [bias]
+    opt = rp.wrap_optimizer(rp.optim.Adam(params, lr=0.05), max_grad_norm=1.0)
+    x, y = data()
+
+    def input_fn(ctx):
+        return rp.shard_batches((x, y), batch, ctx, seed=3, epochs=None)
+
+    def step_fn(b):
+        h, target = b
+        for i, w in enumerate(ws):
+            with rp.logical_device(i % m):
+                h = h @ w
+                if i == 0:
+                    h = h + bias
+                if i < len(ws) - 1:
+                    h = rnp.tanh(h)
+        loss = ((h - target) ** 2).mean()  # outside any block: where its operands are
+        opt.apply(rp.grad(loss, params))
+        return {"loss": loss}
+
+    rep = rp.Replicator(input_fn, step_fn, logical_devices=m, micro_batches=micro,
+                        replicas_per_rank=k, comm=comm, backend=backend, outputs=outputs)
+    hist = rep.run(STEPS)
+    return [p.numpy().copy() for p in params], [np.asarray(h["loss"]) for h in hist], rep
+
+
+def oracle(config, backend="numpy"):
+    m, micro, k = (int(v) for v in config.split(","))
+    got, losses, rep = train(m, micro, k, B * micro, backend=backend)
+    R = rep.num_replicas
+    ref, ref_losses, _ = train(1, 1, 1, B * micro * R, comm=SelfComm())
+    err = max(float(np.abs(a - b).max()) for a, b in zip(got + losses, ref + ref_losses))
+    assert err < 1e-12, (config, err)
+    kinds = [n.prim for n in rep.compiled_graph().nodes]
+    if m > 1:
+        assert "send" in kinds and "recv" in kinds, kinds
+    if m > 1 and rep.layout.groups > 1:  # the gradients' buckets, among this device's group
+        comms = {n.attrs.get("comm") for n in rep.executable().graph.nodes
+                 if n.prim in ("comm_start", "mpi_allreduce")}
+        assert comms == {f"device{rep.layout.device}.of{m}"}, comms
+    print(f"OK {config} {backend} R={R} {err:.1e}", flush=True)
+
+
+def per_replica_outputs():
+    _, _, rep = train(2, 3, 1, B * 3, outputs="per_replica")
+    hist = rep.run(1)
+    assert hist[0]["loss"].shape == (rep.num_replicas * 3,), hist[0]["loss"].shape
+    print("OK per_replica outputs", flush=True)
+
+
+def mismatch():
+    """A placement that differs between processes is an error on every rank, naming lines."""
+    w0 = rp.Variable(np.ones((3, 4)), name="w0")
+    w1 = rp.Variable(np.ones((4, 2)), name="w1")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w0, w1], lr=0.1))
+
+    def input_fn(ctx):
+        while True:
+            yield np.ones((4, 3))
+
+    def step_fn(x):
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0)
+        with rp.logical_device(rp.process_index() % 2):  # each process places it elsewhere
+            loss = (h @ w1).sum()
+        opt.apply(rp.grad(loss, [w0, w1]))
+        return loss
+
+    try:
+        rp.Replicator(input_fn, step_fn, logical_devices=2).run(2)
+    except rp.CollectiveMismatchError as e:
+        text = str(e)
+        assert "rank 0:" in text and "rank 1:" in text, text
+        assert "model_parallel_mpi.py:" in text and "transfer from device 0 to 1" in text, text
+        print("OK mismatch", flush=True)
+        return
+    raise AssertionError("no error for a placement that differs between processes")
+
+
+def crash():
+    """Device 1 fails in the middle of a step while device 0 waits for its gradient: the job
+    ends (no hang), naming the rank and the user's line."""
+    w0 = rp.Variable(np.ones((3, 4)), name="w0")
+    w1 = rp.Variable(np.ones((4, 2)), name="w1")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w0, w1], lr=0.1))
+
+    def input_fn(ctx):
+        for step in range(1, 100):  # (the batch is read on device 0 and sent on)
+            yield np.ones((4, 3)), np.array([0, 1, 2, 3 if step < 3 else 9])
+
+    def step_fn(b):
+        x, index = b
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0)
+        with rp.logical_device(1):
+            loss = (h[index] @ w1).sum()  # index 9 at step 3: IndexError on device 1
+        opt.apply(rp.grad(loss, [w0, w1]))
+        return loss
+
+    rp.Replicator(input_fn, step_fn, logical_devices=2).run(5)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        if arg == "mismatch":
+            mismatch()
+        elif arg == "crash":
+            crash()
+        elif arg == "per_replica":
+            per_replica_outputs()
+        elif arg.startswith("jax:"):
+            oracle(arg[4:], backend="jax")
+        else:
+            oracle(arg)
+    print("DONE", flush=True)
