@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +80,7 @@ class Array:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.aval.shape, dtype=np.int64))
+        return math.prod(self.aval.shape)
 
     @property
     def symbolic(self) -> bool:
