@@ -243,11 +243,10 @@ VJP = RuleTable("vjp", {
     # onto an integer that the quotient is not)
     "mod": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g * rnp.round((a - o) / b)),
     "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
-    # the cotangent where the operand is chosen (a tie goes to a), else 0 (as relu's in PyTorch)
-    "maximum": _binary(lambda g, o, a, b: rnp.where(a >= b, g, 0.0),
-                       lambda g, o, a, b: rnp.where(a < b, g, 0.0)),
-    "minimum": _binary(lambda g, o, a, b: rnp.where(a <= b, g, 0.0),
-                       lambda g, o, a, b: rnp.where(a > b, g, 0.0)),
+    "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),
+                       lambda g, o, a, b: g * rnp.cast(a < b, g.dtype)),
+    "minimum": _binary(lambda g, o, a, b: g * rnp.cast(a <= b, g.dtype),
+                       lambda g, o, a, b: g * rnp.cast(a > b, g.dtype)),
     "select": _select,
     "cast": _cast,
     "reduce_sum": _reduce_sum,
