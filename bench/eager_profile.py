@@ -6,7 +6,10 @@ pooling (``avg_pool2d``'s one-channel convolutions), matmul, and elementwise ops
 the rest of the step is Python: the op namespace, shape rules, the tape, the backward walk and
 the optimiser. PyTorch: ``torch.profiler``'s self CPU time of every aten op, grouped alike; the
 rest is its Python, autograd engine and dispatcher. The step times (and the rest) come from
-unprofiled steps, interleaved; the groups from profiled ones (the profilers add a little).
+unprofiled steps, interleaved in one process as in bench/conv.py; the groups from profiled ones
+(the profilers add a little). Each step is also timed in a process of its own, and the page
+faults of a step counted: in one process the framework whose transient memory the allocator
+cannot place in memory it already holds pays for fresh pages every step.
 
 Models: bench/conv.py's conv net (``--model conv``, the default) or step_time.py's small conv
 net (``--model step_time``), float32, SGD.
@@ -91,43 +94,75 @@ def profile_torch(fn, steps):
     return {k: v / steps for k, v in spent.items()}
 
 
-def build(model):
-    import torch
-
+def build(model, which=("ours", "torch")):
+    """{name: step()} for replicate eager ("ours") and PyTorch eager ("torch")."""
     if model == "conv":
         import conv as M
 
         params, x, y = M.init(M.CFG)
-        ours = M.replicate_step(params, "eager", "numpy")
-        theirs = M.torch_step(params)
+        make = {"ours": lambda: M.replicate_step(params, "eager", "numpy"),
+                "torch": lambda: M.torch_step(params)}
     else:
         import step_time as M
 
         params, x, y = M.conv_init(M.CONV)
-        ours = M.replicate_step("conv", params, "eager", "numpy")
-        theirs = M.torch_step("conv", params)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    return (lambda: ours(x, y)), (lambda: theirs(xt, yt))
+        make = {"ours": lambda: M.replicate_step("conv", params, "eager", "numpy"),
+                "torch": lambda: M.torch_step("conv", params)}
+    steps = {}
+    for name in which:
+        fn = make[name]()
+        if name == "torch":
+            import torch
+
+            xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+            steps[name] = lambda fn=fn: fn(xt, yt)
+        else:
+            steps[name] = lambda fn=fn: fn(x, y)
+    return steps
+
+
+def _faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_steps(steps: dict, count: int) -> dict:
+    """Interleaved unprofiled calls: {name: (median ms, page faults per call)}."""
+    for fn in steps.values():
+        for _ in range(3):
+            fn()
+    times, faults = {n: [] for n in steps}, dict.fromkeys(steps, 0)
+    for _ in range(count):
+        for name, fn in steps.items():
+            f0, t0 = _faults(), time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            faults[name] += _faults() - f0
+    return {n: (statistics.median(times[n]) * 1e3, faults[n] / count) for n in steps}
+
+
+def alone(model, which, count):
+    """The step of ``which`` in a process of its own (this worker's threads and cores)."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, "--alone", model, which, str(count)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def worker(args):
     C.worker_threads()
     model = os.environ.get("BENCH_PROFILE_MODEL", "conv")
-    ours, theirs = build(model)
-    steps = 3 if args.quick else 20
-    for _ in range(3):
-        ours(), theirs()
-    times = {"ours": [], "torch": []}
-    for _ in range(steps):  # unprofiled, interleaved
-        for name, fn in (("ours", ours), ("torch", theirs)):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    groups, prims = profile_ours(ours, steps)
+    count = 3 if args.quick else 20
+    own = {name: alone(model, name, count) for name in ("ours", "torch")}
+    steps = build(model)
+    shared = timed_steps(steps, count)
+    groups, prims = profile_ours(steps["ours"], count)
     C.write_worker_json(args.json, {
-        "model": model, "ours_step": statistics.median(times["ours"]) * 1e3,
-        "torch_step": statistics.median(times["torch"]) * 1e3, "ours": groups, "prims": prims,
-        "torch": profile_torch(theirs, steps)})
+        "model": model, "shared": shared, "own": own, "ours": groups, "prims": prims,
+        "torch": profile_torch(steps["torch"], count)})
 
 
 def report(results, command, quick=False):
@@ -136,16 +171,22 @@ def report(results, command, quick=False):
         command += f" --model {model}"
     parts = [C.header("Where an eager step's time goes: replicate vs PyTorch eager", command)]
     for threads, r in sorted(results.items()):
+        (ours_ms, ours_pf), (torch_ms, torch_pf) = r["shared"]["ours"], r["shared"]["torch"]
         cells = []
         for g in GROUPS:
             cells.append([g, f"{r['ours'].get(g, 0):.2f}", f"{r['torch'].get(g, 0):.2f}"])
-        rest_ours = r["ours_step"] - sum(r["ours"].values())
-        rest_torch = r["torch_step"] - sum(r["torch"].values())
         cells.append(["rest: Python (op namespace, shape rules, tape, backward walk, optimiser)"
-                      " / PyTorch's Python, autograd and dispatcher", f"{rest_ours:.2f}",
-                      f"{rest_torch:.2f}"])
-        cells.append(["**step (median, unprofiled)**", f"**{r['ours_step']:.2f}**",
-                      f"**{r['torch_step']:.2f}** ({r['ours_step'] / r['torch_step']:.2f}x)"])
+                      " / PyTorch's Python, autograd and dispatcher",
+                      f"{ours_ms - sum(r['ours'].values()):.2f}",
+                      f"{torch_ms - sum(r['torch'].values()):.2f}"])
+        cells.append(["**step, both in one process (as bench/conv.py), median**",
+                      f"**{ours_ms:.2f}** ({ours_pf:.0f} page faults)",
+                      f"**{torch_ms:.2f}** ({torch_pf:.0f} page faults); "
+                      f"{ours_ms / torch_ms:.2f}x"])
+        (o_ms, o_pf), (t_ms, t_pf) = r["own"]["ours"], r["own"]["torch"]
+        cells.append(["step, each in a process of its own, median", f"{o_ms:.2f} ({o_pf:.0f} "
+                      "page faults)", f"{t_ms:.2f} ({t_pf:.0f} page faults); "
+                      f"{o_ms / t_ms:.2f}x"])
         top = sorted(r["prims"].items(), key=lambda kv: -kv[1])[:8]
         parts.append(f"### model: {r['model']}; {threads} thread(s); ms per step\n\n" + C.table(
             ["where", "replicate eager", "PyTorch eager"], cells) + "\n\nreplicate's rows by "
@@ -157,6 +198,12 @@ def report(results, command, quick=False):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--alone"]:  # a step measured in a process of its own (see ``alone``)
+        import json
+
+        model, which, count = argv[1], argv[2], int(argv[3])
+        print(json.dumps(timed_steps(build(model, (which,)), count)[which]))
+        return None
     if "--model" in argv:  # passed to the worker through the environment
         i = argv.index("--model")
         os.environ["BENCH_PROFILE_MODEL"] = argv[i + 1]

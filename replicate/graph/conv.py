@@ -175,22 +175,18 @@ def _spans(size, kernel, stride, padding, dilation, out):
     return spans
 
 
-def _col2im(xp, dx, cols, spans, stride, overlap):
-    """Add (or, where the windows do not overlap, write) each kernel offset's share ``cols[:, a,
-    b, :, i, j]`` of (images, KH, KW, C, OH, OW) into the strided rows and columns of ``dx`` it
-    came from."""
+def _col2im(dx, share, spans, stride):
+    """For each kernel offset (a, b): ``share(target, a, b, rows, columns)`` adds the offset's
+    share of the outputs ``[rows, columns]`` into ``target``, the strided rows and columns of
+    ``dx`` they came from."""
     (rows, columns), (sh, sw) = spans, stride
     for a, r in enumerate(rows):
         for b, q in enumerate(columns):
             if r is None or q is None:
                 continue
             (i0, i1, h0), (j0, j1, w0) = r, q
-            target = dx[:, :, h0:h0 + (i1 - i0 - 1) * sh + 1:sh, w0:w0 + (j1 - j0 - 1) * sw + 1:sw]
-            share = cols(a, b, slice(i0, i1), slice(j0, j1))
-            if overlap:
-                target += share
-            else:
-                xp.copyto(target, share)
+            share(dx[:, :, h0:h0 + (i1 - i0 - 1) * sh + 1:sh, w0:w0 + (j1 - j0 - 1) * sw + 1:sw],
+                  a, b, slice(i0, i1), slice(j0, j1))
 
 
 def conv2d_input_grad_row(xp):
@@ -198,27 +194,37 @@ def conv2d_input_grad_row(xp):
         """col2im: per chunk of images one GEMM gives every kernel offset's contribution, (images,
         KH, KW, C, OH, OW) (each offset's share a contiguous block per image: faster to add than
         (images, C, KH, KW, OH, OW)), added into the strided rows and columns it came from. With
-        one output channel (``avg_pool2d``) the share is ``g`` times the weight: no GEMM."""
+        one output channel (``avg_pool2d``) the share is ``g`` times the weight: no GEMM. Where
+        the windows do not overlap (pooling) each input element gets one share: written, not
+        added."""
         n, o, oh, ow = g.shape
         c, kh, kw = w.shape[1:]
         spans = (_spans(size[0], kh, stride[0], padding[0], dilation[0], oh),
                  _spans(size[1], kw, stride[1], padding[1], dilation[1], ow))
-        # windows that do not overlap (pooling) write each input element at most once
         overlap = any(s < d * (k - 1) + 1 for s, d, k in zip(stride, dilation, (kh, kw)))
         dx = xp.zeros((n, c) + tuple(size), xp.result_type(g, w))
         if o == 1:
-            def share(a, b, i, j):
-                return g[:, :, i, j] * w[:, :, a, b].reshape(1, c, 1, 1)
-            _col2im(xp, dx, share, spans, stride, overlap)
+            def weighted(target, a, b, i, j):
+                part, weight = g[:, :, i, j], w[:, :, a, b].reshape(1, c, 1, 1)
+                if overlap:
+                    target += part * weight
+                else:
+                    xp.multiply(part, weight, out=target)
+            _col2im(dx, weighted, spans, stride)
             return dx
+
+        def share(target, a, b, i, j):
+            if overlap:
+                target += cols[:, a, b, :, i, j]
+            else:
+                xp.copyto(target, cols[:, a, b, :, i, j])
         wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh * kw * c, o)
         chunks = _chunks(xp, n, kh * kw * c * oh * ow * dx.itemsize)
         block = xp.empty((chunks[0][1], kh * kw * c, oh * ow), dx.dtype)
         for i, j in chunks:
             cols = xp.matmul(wt, g[i:j].reshape(j - i, o, oh * ow), out=block[:j - i])
             cols = cols.reshape(j - i, kh, kw, c, oh, ow)
-            _col2im(xp, dx[i:j], lambda a, b, r, q: cols[:, a, b, :, r, q], spans, stride,
-                    overlap)
+            _col2im(dx[i:j], share, spans, stride)
         return dx
     return conv2d_input_grad
 
