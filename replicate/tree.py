@@ -18,40 +18,42 @@ from .errors import ReplicateError
 LEAF = "*"
 
 
+# (module-level recursion: a nested recursive function refers to itself through its closure, a
+# reference cycle that would keep every leaf, and an eager step's arrays, alive until the garbage
+# collector runs)
+def _walk(x, leaves: list):
+    if isinstance(x, dict):
+        keys = sorted(x)
+        return ("dict", tuple(keys), tuple(_walk(x[k], leaves) for k in keys))
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        return (type(x).__name__, len(x), tuple(_walk(v, leaves) for v in x))
+    if x is None:
+        return ("none",)
+    leaves.append(x)
+    return LEAF
+
+
 def flatten(nest: Any) -> tuple[list, Any]:
     """Return (leaves, treedef); treedef is hashable and usable as a cache key."""
     leaves: list = []
+    return leaves, _walk(nest, leaves)
 
-    def walk(x):
-        if isinstance(x, dict):
-            keys = sorted(x)
-            return ("dict", tuple(keys), tuple(walk(x[k]) for k in keys))
-        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
-            return (type(x).__name__, len(x), tuple(walk(v) for v in x))
-        if x is None:
-            return ("none",)
-        leaves.append(x)
-        return LEAF
 
-    return leaves, walk(nest)
+def _build(t, it):
+    if t == LEAF:
+        return next(it)
+    kind = t[0]
+    if kind == "dict":
+        return {k: _build(s, it) for k, s in zip(t[1], t[2])}
+    if kind == "none":
+        return None
+    items = [_build(s, it) for s in t[2]]
+    return items if kind == "list" else tuple(items)
 
 
 def unflatten(treedef: Any, leaves: list) -> Any:
     """Inverse of :func:`flatten`."""
-    it = iter(leaves)
-
-    def build(t):
-        if t == LEAF:
-            return next(it)
-        kind = t[0]
-        if kind == "dict":
-            return {k: build(s) for k, s in zip(t[1], t[2])}
-        if kind == "none":
-            return None
-        items = [build(s) for s in t[2]]
-        return items if kind == "list" else tuple(items)
-
-    return build(treedef)
+    return _build(treedef, iter(leaves))
 
 
 def tree_map(fn: Callable, nest: Any, *rest: Any) -> Any:

@@ -196,6 +196,32 @@ def test_float32_against_pytorch(how):
         check(got, want, f"{cases[k]} float32 ({how})", rtol=1e-4, atol=1e-4)
 
 
+# the NumPy rows take a batch in chunks of images (``conv.CHUNK_BYTES`` of im2col each); the cases
+# above fit in one chunk
+CHUNKED = [((5, 3, 7, 6), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+           ((5, 2, 6, 6), (3, 2, 1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # im2col is x itself
+           ((5, 2, 6, 7), (3, 2, 2, 2), (2, 2), ((0, 0), (0, 1)), (1, 1)),  # windows apart
+           ((5, 1, 6, 7), (1, 1, 2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # as avg_pool2d's
+           ] + [((5,) + xs[1:], ws, s, p, d) for xs, ws, s, p, d in
+                random_geometries(6, 8, asymmetric=True)]
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_the_numpy_rows_over_chunks_of_the_batch(monkeypatch, images):
+    """One image per chunk, and two (5 images: a last chunk of one), in eager mode."""
+    for k, (xs, ws, stride, padding, dilation) in enumerate(CHUNKED):
+        size = conv.out_size(xs[2:], ws[2:], stride, padding, dilation)
+        monkeypatch.setattr(conv, "CHUNK_BYTES", images * int(np.prod(ws[1:] + size)) * 8)
+        a = samples(xs, ws, (xs[0], ws[0]) + size, 500 + k)
+        (t, b), (le, r) = padding
+        want = torch_derivatives(lambda x, w, s=stride, p=(le, r, t, b), d=dilation:
+                                 F.conv2d(F.pad(x, p), w, stride=s, dilation=d), a)
+        geo = dict(stride=stride, padding=padding, dilation=dilation)
+        got = derivatives(lambda x, w: bind("conv2d", x, w, **geo),
+                          *[rnp.asarray(v) for v in a], rp.grad)
+        check(got, want, f"{CHUNKED[k]}, {images} image(s) per chunk")
+
+
 # -- the composition the primitives replaced ------------------------------------------------------
 def old_conv2d(x, w, stride, padding, dilation):
     """rnp.conv2d before issue 17: stacked strided slices of the padded input, one einsum."""

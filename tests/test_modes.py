@@ -286,6 +286,36 @@ def test_eager_mode_runs_python_each_call():
     assert len(calls) == 2
 
 
+def test_an_eager_steps_arrays_are_freed_without_the_garbage_collector():
+    """The tape holds no reference cycle: once the step returns, its intermediate arrays (and
+    their nodes) go at once, not some steps later when the garbage collector runs."""
+    import gc
+    import weakref
+
+    conv = rp.nn.Conv2d(2, 3, 3, padding=1)
+    model = rp.nn.Sequential(conv, rp.nn.relu, lambda h: rnp.avg_pool2d(h, 2), rp.nn.Flatten(),
+                             rp.nn.Linear(12, 2))
+    opt = rp.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+
+    def step(x, y):
+        h = conv(x)
+        kept.extend([weakref.ref(h), weakref.ref(h.node)])
+        loss = rp.nn.softmax_cross_entropy(model(x), y).mean()
+        grads = rp.grad(loss, model.parameters())  # a dict: through tree.flatten
+        kept.append(weakref.ref(next(iter(grads.values()))))
+        opt.apply(grads)
+        return loss
+
+    f = rp.function(step, mode="eager")
+    gc.disable()
+    try:
+        f(np.ones((2, 2, 4, 4)), np.array([0, 1]))
+        assert [r() for r in kept] == [None] * 3
+    finally:
+        gc.enable()
+
+
 # -- Python control flow on traced values --------------------------------------------------------
 def branch_on_value(x):
     if rnp.sum(x) > 0:  # tracer: bool

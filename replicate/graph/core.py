@@ -2,13 +2,16 @@
 
 An ``Array`` is either *concrete* (eager mode: it holds a NumPy value) or *symbolic* (graph mode:
 it belongs to a ``Trace`` and only has a shape and dtype). Either way ``array.node`` is the node
-that produced it, so the same graph walk serves as the eager tape and as the traced program.
+that produced it, so the same graph walk serves as the eager tape and as the traced program. (A
+traced node also points at its output, ``node.out``; an eager one does not, so the tape holds no
+reference cycle and reference counting frees each step's arrays as soon as they are dropped.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +83,7 @@ class Array:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.aval.shape, dtype=np.int64))
+        return math.prod(self.aval.shape)
 
     @property
     def symbolic(self) -> bool:
@@ -352,7 +355,7 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         value = np.asarray(value)
     if value.dtype != aval.dtype:
         value = value.astype(aval.dtype)
-    node = Node(prim, tuple(inputs), attrs)
-    out = Array(aval, node=node, value=value)
-    node.out = out
-    return out
+    # the tape links outputs to their nodes and nodes to their inputs only: a node that pointed
+    # back at its output (node.out, as in a graph) would make every eager array part of a
+    # reference cycle, freed by the garbage collector some steps later instead of at once
+    return Array(aval, node=Node(prim, tuple(inputs), attrs), value=value)

@@ -12,6 +12,8 @@ too.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtypes import is_float, is_supported
@@ -148,7 +150,7 @@ def _top_k(a, k):
 
 
 def _reshape(a, shape):
-    if int(np.prod(shape, dtype=np.int64)) != int(np.prod(a.shape, dtype=np.int64)):
+    if math.prod(shape) != math.prod(a.shape):
         raise ShapeError(f"cannot reshape {a.shape} to {shape}")
     return AVal(tuple(shape), a.dtype)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..graph.core import bind
@@ -100,7 +102,7 @@ def min(x, axis=None, keepdims=False):  # noqa: A001
 
 def _count(x, axis):
     axes = norm_axes(axis, x.ndim)
-    return int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    return math.prod(x.shape[a] for a in axes)
 
 
 def mean(x, axis=None, keepdims=False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -83,7 +84,7 @@ def reshape(x, shape):
     if shape.count(-1) > 1:
         raise ReplicateError(f"reshape: more than one -1 in {shape}")
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        known = math.prod(d for d in shape if d != -1)
         if known == 0 or x.size % known:
             raise ReplicateError(f"cannot reshape {x.shape} to {shape}")
         shape = tuple(x.size // known if d == -1 else d for d in shape)
