@@ -20,6 +20,7 @@ from .control import cond, switch
 from .custom import custom_vjp
 from .dtypes import autocast, bfloat16, float16
 from .errors import (
+    ActorError,
     CheckpointError,
     CollectiveMismatchError,
     ConfigMismatchError,
@@ -38,7 +39,7 @@ from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .optim import wrap_optimizer
-from .runtime import Replicator, callbacks, checkpoint, data, host
+from .runtime import ActorContext, ActorLearner, Replicator, callbacks, checkpoint, data, host
 from .runtime.data import shard_batches
 from .runtime.host import barrier, is_main_process, process_count, process_index
 from .state import Variable
@@ -60,5 +61,5 @@ __all__ = [
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
-    "process_index",
+    "process_index", "ActorLearner", "ActorContext", "ActorError",
 ]

@@ -172,7 +172,10 @@ class CompiledStep:
         — not written yet)."""
         meta = self.graph.meta
         state.note_input_thread_reads(meta.variables)
-        inputs = leaves + [v.value for v in meta.variables]
+        if getattr(state.hooks, "values", None):  # an actor thread: its published copy
+            inputs = leaves + [state.value_of(v) for v in meta.variables]
+        else:
+            inputs = leaves + [v.value for v in meta.variables]
         if keep_inputs:
             self.last_inputs = inputs
         outs = self.executable(inputs)

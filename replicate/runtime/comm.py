@@ -68,6 +68,8 @@ class SelfComm:
     def dup(self):
         return self
 
+    label = "self"
+
     def bcast_obj(self, obj, root=0):
         return obj
 
@@ -227,6 +229,19 @@ class MPIComm:
         self._dups += 1
         return MPIComm(comm, f"{self.label}.dup{self._dups}")
 
+    def split(self, color: int, label: str):
+        """The processes that pass the same ``color`` as one communicator (ranked as here),
+        labelled ``label`` for the watchdog, which also learns its members (world ranks).
+        Called by every process of this one."""
+        ident = self._enter("split")
+        try:
+            comm = self.comm.Split(int(color), self.rank)
+        finally:
+            self._leave(ident)
+        members = [r for r, c in enumerate(self.comm.allgather(int(color))) if c == color]
+        TRACKER.members[label] = set(members)
+        return MPIComm(comm, label)
+
     def abort(self, code: int = 1):
         status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
         sys.stdout.flush()
@@ -260,6 +275,29 @@ def world():
                 watchdog.start(comm)
         hooks.install(_world)  # (one process: only os._exit is noted, for the launcher)
     return _world
+
+
+_replicas: list = []  # the communicator of the processes that run replicas, when not the world
+
+
+def replicas():
+    """The communicator the compiled steps' and eager steps' collectives use: the world, or
+    while an ``ActorLearner``'s learners run, the learners' own (actor processes take no part)."""
+    return _replicas[-1] if _replicas else world()
+
+
+class replicas_on:  # noqa: N801 - a context manager, named as a function
+    """``with replicas_on(comm):`` the steps' collectives run on ``comm``."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __enter__(self):
+        _replicas.append(self.comm)
+        return self.comm
+
+    def __exit__(self, *exc):
+        _replicas.remove(self.comm)
 
 
 # The variables each BLAS reads for its thread count (its own first, then OpenMP's): a library is

@@ -19,7 +19,7 @@ from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
-from .comm import world
+from .comm import replicas
 from .overlap import start_allreduce
 
 _HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
@@ -35,7 +35,7 @@ def _eager(kind, x, num_replicas, attrs):
     disagreement — another collective, other shapes, or a collective that only some processes
     call, which meets the others' next exchange — is an error named on every rank with every
     rank's call and line, never a hang, a misread message or a silently wrong result."""
-    comm = world()
+    comm = replicas()
     if num_replicas != comm.size:
         if current_replica() is None:  # not in a step at all
             raise ReplicaContextError(
@@ -98,9 +98,9 @@ def _permute(x, *, num_replicas, replica, seq, shift):
 IMPL.update({
     "all_reduce": _all_reduce, "all_gather": _all_gather, "broadcast": _broadcast,
     "reduce_scatter": _reduce_scatter, "permute": _permute,
-    "mpi_allreduce": lambda x, op, owned=False, **_: world().allreduce(x, op, owned),
-    "mpi_allgather": lambda x, size, **_: world().allgather(x),
-    "mpi_broadcast": lambda x, root, **_: world().bcast(x, root),
+    "mpi_allreduce": lambda x, op, owned=False, **_: replicas().allreduce(x, op, owned),
+    "mpi_allgather": lambda x, size, **_: replicas().allgather(x),
+    "mpi_broadcast": lambda x, root, **_: replicas().bcast(x, root),
     "comm_start": lambda x, *, op, owned=False, **_: start_allreduce(x, op, owned),
     "comm_wait": lambda handle, **_: handle.result(),
 })

@@ -3,8 +3,9 @@
 ``comm_start`` (a graph node) hands a flat buffer to the one thread and returns a handle;
 ``comm_wait`` blocks until that bucket is reduced. The thread takes buckets strictly in the order
 they were started, which is the same on every rank (it is the compiled graph's order), so the
-reductions stay fixed-order and reproducible. It talks on its own duplicate of the world
-communicator, so its traffic never mixes with collectives the main thread issues meanwhile.
+reductions stay fixed-order and reproducible. It talks on its own duplicate of the replicas'
+communicator (the world, or an ``ActorLearner``'s learners), so its traffic never mixes with
+collectives the main thread issues meanwhile.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import queue
 import threading
 
-from .comm import world
+from .comm import replicas
 
-_thread = None
+_threads: dict = {}  # the replicas' communicator's label -> its thread
 _lock = threading.Lock()
 
 
@@ -58,12 +59,13 @@ class CommThread:
 
 
 def comm_thread() -> CommThread:
-    """The process's communication thread (started on first use, on a duplicate of ``world``)."""
-    global _thread
+    """The process's communication thread for the replicas' communicator (started on first
+    use, on a duplicate of it)."""
+    comm = replicas()
     with _lock:
-        if _thread is None:
-            _thread = CommThread(world().dup())
-        return _thread
+        if comm.label not in _threads:
+            _threads[comm.label] = CommThread(comm.dup())
+        return _threads[comm.label]
 
 
 def start_allreduce(x, op: str, inplace: bool = False) -> Handle:

@@ -84,6 +84,10 @@ class Tracker:
         self.phase = None  # e.g. "input check", "step", "outputs"
         self.inflight: dict[int, Call] = {}  # thread ident -> its call
         self.comms: dict[str, object] = {}  # label -> communicator (its ``seq`` counts calls)
+        # label -> the world ranks that take part (a communicator of some processes, or the
+        # actors a learner waits for: runtime/actor_link.py); absent: every rank
+        self.members: dict[str, set] = {}
+        self.describers: list = []  # () -> lines on this process's other threads (actors)
 
     def entered(self) -> dict:
         return {label: comm.seq for label, comm in list(self.comms.items())}
@@ -151,6 +155,7 @@ def state(rank) -> dict:
         "inflight": [(c.comm, c.seq, c.describe(), c.thread) for c in
                      list(TRACKER.inflight.values())],
         "where": where,
+        "threads": [line for describe in list(TRACKER.describers) for line in describe()],
     }
 
 
@@ -229,8 +234,10 @@ class Watchdog:
         now = time.monotonic()
         for call in list(TRACKER.inflight.values()):
             waited = now - call.t0
+            members = TRACKER.members.get(call.comm)
             never = [r for r, final in self.gone.items()
-                     if final["entered"].get(call.comm, 0) <= call.seq]
+                     if final["entered"].get(call.comm, 0) <= call.seq
+                     and (members is None or r in members)]
             if never:
                 self._report(call, waited, exited=never)
             elif self.timeout and waited > self.timeout:
@@ -241,7 +248,9 @@ class Watchdog:
         if self.reported:
             return
         self.reported = True
-        peers = [r for r in range(self.size) if r != self.rank]
+        members = TRACKER.members.get(call.comm)
+        peers = [r for r in range(self.size) if r != self.rank
+                 and (members is None or r in members)]
         answers = {r: self.gone[r] for r in exited}
         if self._ready():
             for r in peers:
@@ -335,8 +344,9 @@ def _describe_peer(info, call, arrived, exited) -> str:
         doing = "waits in " + "; ".join(waits)
     else:
         doing = "is not in any collective"
+    threads = "".join(f"\n    {line}" for line in info.get("threads", ()))
     return (f"has not arrived: {step}, it {doing}; its main thread is at {info['where']} "
-            f"({count} call(s) on {call.comm!r} so far)")
+            f"({count} call(s) on {call.comm!r} so far){threads}")
 
 
 _WATCHDOG: Watchdog | None = None
