@@ -151,7 +151,9 @@ class ActorLearner:
         self.runs += 1
         self.board = Board(self.params)
         remote = self.actors * len(self.actor_ranks) if self.is_learner else 0
-        self.inbox = Inbox(self.capacity, len(contexts) + remote)
+        # (an actor process keeps one trajectory per thread: the rest wait at the learners)
+        self.inbox = Inbox(self.capacity if self.is_learner else len(contexts),
+                           len(contexts) + remote)
         pool = ActorPool(self.actor_fn, contexts, self.board, self.inbox) if contexts else None
         if not self.is_learner:
             pool.start()

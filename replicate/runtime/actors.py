@@ -21,6 +21,7 @@ push its trajectories into a bounded queue; the learners' side takes them out (`
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import sys
 import threading
@@ -36,9 +37,12 @@ from .. import state, tree
 from ..errors import ActorError, InputError, function_location, user_traceback
 from ..interop import from_foreign, is_foreign
 from . import watchdog
+from .checks import _leaf_problem as leaf_problem
+from .checks import aval_of, leaf_paths
 from .watchdog import TRACKER, Call
 
 POLL = 0.05  # seconds between checks for a stop, a failure or a stall while waiting
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 LABEL = "actors"  # the watchdog's name for the learners' waits for trajectories
 _waits = itertools.count()
 
@@ -264,7 +268,7 @@ class Feed:
                                  "on_actor_failure='continue' to go on with the other actors)")
             warnings.warn(f"{report.rstrip()}\nthe learners carry on with the remaining "
                           f"{max(self.inbox.alive, 0)} actor(s) (on_actor_failure='continue')",
-                          stacklevel=2)
+                          stacklevel=_user_level())
 
     def _stalled(self, t0: float, step: int) -> None:
         if watchdog.current_timeout() is not None:  # the watchdog reports and aborts
@@ -280,8 +284,19 @@ class Feed:
                 f"{max(self.inbox.alive, 0)} actor(s) running:{lines}")
 
 
+def _user_level() -> int:
+    """The ``stacklevel`` of the innermost caller outside this package (a warning names the
+    user's line, ``al.run(...)``)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def stack(items: list, actor_fn) -> object:
     """The trajectories of ``items`` stacked leaf by leaf (a new leading axis)."""
+    for item in items:
+        check_leaves(item, actor_fn)
     first, tdef = tree.flatten(items[0].trajectory)
     leaves = [first]
     for item in items[1:]:
@@ -303,5 +318,16 @@ def stack(items: list, actor_fn) -> object:
 
 
 def _describe(leaves, treedef) -> str:
-    shapes = ", ".join(f"{np.asarray(x).dtype}{list(np.shape(x))}" for x in leaves)
-    return f"{treedef} of ({shapes})"
+    paths = leaf_paths(treedef) if len(leaves) > 1 else [""]
+    return ", ".join(f"trajectory{p} {aval_of(x)}" for p, x in zip(paths, leaves))
+
+
+def check_leaves(item: Item, actor_fn) -> None:
+    """Every leaf of a trajectory is a numeric or boolean array (else an ``InputError``)."""
+    leaves, treedef = tree.flatten(item.trajectory)
+    for leaf, path in zip(leaves, leaf_paths(treedef)):
+        problem = leaf_problem(leaf)
+        if problem:
+            raise InputError(f"actor {item.actor_id}'s actor_fn {function_location(actor_fn)} "
+                             f"yielded {problem} at trajectory{path}: trajectories must be nests "
+                             "(dict, list, tuple) of numeric or boolean arrays")

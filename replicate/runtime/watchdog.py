@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import queue
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ DEFAULT_TIMEOUT = 300.0
 GRACE = 2.0  # how long a stalled rank waits for its peers to describe themselves
 _QUERY, _STATE, _BYE = 30001, 30002, 30003
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WAITING = os.path.join(os.path.dirname(os.path.abspath(queue.__file__)), "queue.py")  # (a wait)
 
 
 def parse_timeout(value, what=ENV) -> float:
@@ -120,7 +122,7 @@ def user_line(frame) -> str:
     inner = None
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep) and "threading" not in path:
+        if not path.startswith((_PACKAGE_DIR + os.sep, _WAITING)) and "threading" not in path:
             return source_line((path, frame.f_lineno))
         inner = inner or frame
         frame = frame.f_back
