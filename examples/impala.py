@@ -59,7 +59,8 @@ def log_softmax_np(logits):
 
 def make_actor_fn(model, n_envs, unroll, gamma, seed, episodes, t0):
     """actor_fn(ctx): yields trajectories {obs (T+1, E, 4), act, rew, done, logp (T, E)};
-    appends (wall time, return, actor) to ``episodes`` for each finished episode."""
+    appends (wall time since ``t0[0]``, return, actor) to ``episodes`` for each finished
+    episode."""
 
     def actor_fn(ctx):
         policy = rp.function(model)  # reads the published copy of the parameters
@@ -82,7 +83,7 @@ def make_actor_fn(model, n_envs, unroll, gamma, seed, episodes, t0):
                     ep_ret[i] += r
                     b_rew[t, i] = r
                     if term or trunc:
-                        episodes.append((time.time() - t0, ep_ret[i], ctx.actor_id))
+                        episodes.append((time.time() - t0[0], ep_ret[i], ctx.actor_id))
                         ep_ret[i] = 0.0
                         if trunc and not term:  # time limit: bootstrap from the last state
                             b_rew[t, i] += gamma * float(policy(o[None].astype(np.float32))[1][0])
@@ -151,7 +152,7 @@ def main(argv=None):
 
     opt = rp.wrap_optimizer(rp.optim.Adam(model.parameters(), lr=lr),
                             max_grad_norm=args.max_grad_norm or None)
-    t0 = float(rp.host.broadcast(np.float64(time.time())))
+    t0 = [time.time()]  # (the start of training, the same on every process: set below)
     episodes: list = []
     actor_fn = make_actor_fn(model, args.envs, args.unroll, args.gamma, args.seed, episodes, t0)
     T = args.unroll
@@ -178,6 +179,7 @@ def main(argv=None):
                          actor_ranks=actor_ranks, batch_size=args.batch_size,
                          publish_every=args.publish_every, queue_size=args.queue_size,
                          mode=args.mode)
+    t0[0] = float(rp.host.broadcast(np.float64(time.time())))
     start = time.perf_counter()
     history = al.run(steps=args.updates)
     elapsed = time.perf_counter() - start

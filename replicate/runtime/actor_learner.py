@@ -104,8 +104,9 @@ class ActorLearner:
                                  f"{on_actor_failure!r}")
         self.on_failure = on_actor_failure
         _check_functions(actor_fn, step_fn)
-        if collective_timeout is not None:
+        if collective_timeout is not None:  # (the actor processes' watchdogs too)
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
+            watchdog.set_timeout(collective_timeout)
         self.timeout = collective_timeout
         acting = self.actor_ranks or list(range(size))
         self.num_actors = self.actors * len(acting)
@@ -121,7 +122,7 @@ class ActorLearner:
             if learners.size == 1:
                 learners = SelfComm()
         else:
-            TRACKER.members.setdefault(LABEL, set())  # (the actors are this process's threads)
+            TRACKER.members[LABEL] = set()  # (the actors are this process's threads)
         self.learner_comm = learners
         first = acting.index(rank) * self.actors if rank in acting else 0
         self._local_ids = list(range(first, first + self.actors)) if rank in acting else []

@@ -1,0 +1,123 @@
+"""Environment steps per second and return against wall time: the synchronous A2C example
+(examples/rl.py) against the asynchronous IMPALA example (examples/impala.py), in the same run
+on this machine, each with its defaults (2000 updates of 160 transitions = 320 000 environment
+steps) and 2 processes:
+
+* ``a2c``: 2 processes x 2 replicas, each replica stepping its own 8 environments in lock-step
+  with the updates (``prefetch=0``);
+* ``impala 1+1 processes``: 1 learner process + 1 actor process (1 actor thread);
+* ``impala 1+1 processes, 2 actor threads``: the same with 2 actor threads in the actor process;
+* ``impala 2 x (learner + actor thread)``: every process learns (gradients averaged) and runs
+  one actor thread beside its learner.
+
+    python bench/impala_vs_a2c.py [--repeat N] [--plot bench/impala_vs_a2c.png]
+
+Prints a table (median over the repeats) and plots the 20-episode mean return against wall time
+of the last repeat of each configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
+CONFIGS = {
+    "a2c (2 processes x 2 replicas)": ("rl.py", []),
+    "impala 1+1 processes": ("impala.py", ["--layout", "processes", "--actors", "1"]),
+    "impala 1+1 processes, 2 actor threads": ("impala.py", ["--layout", "processes",
+                                                            "--actors", "2"]),
+    "impala 2 x (learner + actor thread)": ("impala.py", ["--layout", "threads",
+                                                          "--actors", "1"]),
+}
+
+
+def run(script, args, workdir):
+    log = os.path.join(workdir, "log.json")
+    cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", os.path.join(EXAMPLES, script),
+           *args, "--log", log, "--plot", os.path.join(workdir, "plot.png")]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
+    with open(log) as f:
+        return json.load(f)
+
+
+def solved_at(episodes, target=475.0):
+    """Wall time from which the 20-episode mean return stays >= target (None: never)."""
+    t = np.array([e[0] for e in episodes])
+    ret = np.array([e[1] for e in episodes])
+    if len(ret) < 20:
+        return None
+    window = np.convolve(ret, np.ones(20) / 20, "valid")
+    below = np.flatnonzero(window < target)
+    first = 0 if len(below) == 0 else below[-1] + 1
+    return float(t[first + 19]) if first < len(window) else None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--plot", default=os.path.join(HERE, "impala_vs_a2c.png"))
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    results, curves = {}, {}
+    for _ in range(args.repeat):  # the configurations alternate, so load changes hit all
+        for name, (script, extra) in CONFIGS.items():
+            with tempfile.TemporaryDirectory() as workdir:
+                log = run(script, extra, workdir)
+            episodes = sorted(map(tuple, log["episodes"]))
+            ret = [r for _, r in episodes]
+            results.setdefault(name, []).append({
+                "rate": log["env_steps"] / log["elapsed"], "elapsed": log["elapsed"],
+                "solved": solved_at(episodes), "last20": float(np.mean(ret[-20:]))})
+            curves[name] = episodes
+            print(f"  {name}: {results[name][-1]}", flush=True)
+    print("\n| configuration | env steps/s | 320 000 steps in | 20-episode mean >= 475 "
+          "from | last 20 episodes |")
+    print("|---|---|---|---|---|")
+    for name, rows in results.items():
+        solved = [r["solved"] for r in rows if r["solved"] is not None]
+        print(f"| {name} | {statistics.median(r['rate'] for r in rows):,.0f} | "
+              f"{statistics.median(r['elapsed'] for r in rows):.1f} s | "
+              + (f"{statistics.median(solved):.1f} s" if solved else "never") +
+              f" ({len(solved)}/{len(rows)} runs) | "
+              f"{statistics.median(r['last20'] for r in rows):.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    _plot(curves, args.plot)
+    print(f"\nplot: {args.plot}")
+
+
+def _plot(curves, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, episodes in curves.items():
+        t = np.array([e[0] for e in episodes])
+        ret = np.array([e[1] for e in episodes])
+        if len(ret) >= 20:
+            ax.plot(t[19:], np.convolve(ret, np.ones(20) / 20, "valid"), label=name, lw=1.2)
+    ax.axhline(475, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("return, mean of the last 20 episodes")
+    ax.set_title("CartPole-v1, 2 processes, 2-core AMD EPYC VM, no GPU")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
