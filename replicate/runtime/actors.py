@@ -139,7 +139,6 @@ class ActorPool:
         self.threads = [threading.Thread(target=self._run, args=(ctx,), daemon=True,
                                          name=f"replicate-actor-{ctx.actor_id}")
                         for ctx in contexts]
-        self._made: dict[int, int] = {}  # actor id -> trajectories made
 
     def start(self) -> None:
         TRACKER.describers.append(self.describe)
@@ -183,7 +182,6 @@ class ActorPool:
                     self.inbox.ended("finished", self.who(ctx))
                     return
                 made += 1
-                self._made[ctx.actor_id] = made
                 if not self._put(Item(owned(trajectory), snapshot.version, ctx.actor_id)):
                     return
         except BaseException as e:  # noqa: BLE001 - reported for the learners (Feed)

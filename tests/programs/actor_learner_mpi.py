@@ -83,8 +83,13 @@ def ok(only_processes=False):
     second = al.run(steps=4)  # the actors were stopped by the learners; they start again
     check("processes-second-run", al, second, 4, 2)
     assert int(count.numpy()) == 10 or not al.is_learner
-    if al.is_learner and n > 2:  # the learners' update was averaged across them: one value
-        print(f"rank {rp.process_index()} w {w.numpy().tolist()}", flush=True)
+    # the learners' update was averaged across the learners: one value (the actor's is its own)
+    ws = rp.host.all_gather_object(w.numpy().tolist() if al.is_learner else None)
+    learners = [x for x in ws if x is not None]
+    assert len(learners) == n - 1 and all(x == learners[0] for x in learners), ws
+    assert learners[0] != [0.0, 0.0, 0.0], ws  # (and the updates did happen)
+    if rp.is_main_process():
+        print(f"OK learners-agree ({n - 1} learner(s))", flush=True)
     if only_processes:
         return
 
