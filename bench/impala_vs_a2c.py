@@ -1,14 +1,15 @@
 """Environment steps per second and return against wall time: the synchronous A2C example
 (examples/rl.py) against the asynchronous IMPALA example (examples/impala.py), in the same run
 on this machine, each with its defaults (2000 updates of 160 transitions = 320 000 environment
-steps) and 2 processes:
+steps):
 
 * ``a2c``: 2 processes x 2 replicas, each replica stepping its own 8 environments in lock-step
   with the updates (``prefetch=0``);
 * ``impala 1+1 processes``: 1 learner process + 1 actor process (1 actor thread);
 * ``impala 1+1 processes, 2 actor threads``: the same with 2 actor threads in the actor process;
 * ``impala 2 x (learner + actor thread)``: every process learns (gradients averaged) and runs
-  one actor thread beside its learner.
+  one actor thread beside its learner;
+* ``impala 1 process: learner + actor thread`` (and ``+ 2 actor threads``): one process.
 
     python bench/impala_vs_a2c.py [--repeat N] [--plot bench/impala_vs_a2c.png]
 
@@ -30,19 +31,21 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
-CONFIGS = {
-    "a2c (2 processes x 2 replicas)": ("rl.py", []),
-    "impala 1+1 processes": ("impala.py", ["--layout", "processes", "--actors", "1"]),
-    "impala 1+1 processes, 2 actor threads": ("impala.py", ["--layout", "processes",
-                                                            "--actors", "2"]),
-    "impala 2 x (learner + actor thread)": ("impala.py", ["--layout", "threads",
-                                                          "--actors", "1"]),
+CONFIGS = {  # name: (processes, example, its arguments)
+    "a2c (2 processes x 2 replicas)": (2, "rl.py", []),
+    "impala 1+1 processes": (2, "impala.py", ["--layout", "processes", "--actors", "1"]),
+    "impala 1+1 processes, 2 actor threads": (2, "impala.py", ["--layout", "processes",
+                                                               "--actors", "2"]),
+    "impala 2 x (learner + actor thread)": (2, "impala.py", ["--layout", "threads",
+                                                             "--actors", "1"]),
+    "impala 1 process: learner + actor thread": (1, "impala.py", ["--actors", "1"]),
+    "impala 1 process: learner + 2 actor threads": (1, "impala.py", ["--actors", "2"]),
 }
 
 
-def run(script, args, workdir):
+def run(n, script, args, workdir):
     log = os.path.join(workdir, "log.json")
-    cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", os.path.join(EXAMPLES, script),
+    cmd = [sys.executable, "-m", "replicate.launch", "-n", str(n), os.path.join(EXAMPLES, script),
            *args, "--log", log, "--plot", os.path.join(workdir, "plot.png")]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
     if out.returncode != 0:
@@ -71,9 +74,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     results, curves = {}, {}
     for _ in range(args.repeat):  # the configurations alternate, so load changes hit all
-        for name, (script, extra) in CONFIGS.items():
+        for name, (n, script, extra) in CONFIGS.items():
             with tempfile.TemporaryDirectory() as workdir:
-                log = run(script, extra, workdir)
+                log = run(n, script, extra, workdir)
             episodes = sorted(map(tuple, log["episodes"]))
             ret = [r for _, r in episodes]
             results.setdefault(name, []).append({
@@ -113,7 +116,7 @@ def _plot(curves, path):
     ax.axhline(475, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("return, mean of the last 20 episodes")
-    ax.set_title("CartPole-v1, 2 processes, 2-core AMD EPYC VM, no GPU")
+    ax.set_title("CartPole-v1, 2-core AMD EPYC VM, no GPU")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

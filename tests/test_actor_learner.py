@@ -84,13 +84,15 @@ def test_max_lag_drops_older_trajectories():
     assert al.stats["dropped"] > 0  # the queue held trajectories of older parameters
 
 
-def test_newcomer_policy_compiled_once_and_shared_by_actor_threads():
-    """The habit from a single-threaded script: one ``rp.function`` policy at module level,
-    called from every actor thread. Each thread compiles its own copy (a compiled step reuses
-    its buffers), so concurrent actors never mix their results."""
+@pytest.mark.parametrize("mode", MODES)
+def test_newcomer_policy_at_module_level_shared_by_actor_threads(mode):
+    """The habit from a single-threaded script: one policy at module level — ``rp.function``
+    (graph) or the model itself (eager) — called from every actor thread. A compiled function
+    is compiled once per thread (it reuses its buffers), so concurrent actors never mix their
+    results; each acts with the published copy."""
     rp.nn.init.default_rng(0)
     model = rp.nn.Linear(4, 2)
-    policy = rp.function(model)
+    policy = rp.function(model) if mode == "graph" else model
     params = model.parameters()
     opt = rp.optim.SGD(params, lr=0.1)
     results = []
@@ -109,12 +111,13 @@ def test_newcomer_policy_compiled_once_and_shared_by_actor_threads():
         opt.apply(rp.grad(loss, params))
         return {"loss": loss}
 
-    al = rp.ActorLearner(actor_fn, step_fn, params=params, actors=3, batch_size=2,
+    al = rp.ActorLearner(actor_fn, step_fn, params=params, actors=3, batch_size=2, mode=mode,
                          collective_timeout=20)
     losses = [float(h["loss"]) for h in al.run(steps=15)]
     assert losses[-1] < losses[0]
     assert results and max(results) < 1e-5
-    assert policy.trace_count == 3  # one per actor thread
+    if mode == "graph":
+        assert policy.trace_count == 3  # one per actor thread
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -322,3 +325,29 @@ def test_a_function_called_from_two_threads_gives_each_its_own_results():
         t.join(30)
     assert len(errors) == 400 and max(errors) == 0.0
     assert f.trace_count == 2
+
+
+@pytest.mark.parametrize("how", ["compiled", "eager", "numpy"])
+def test_an_actor_thread_reads_its_own_copy_while_the_variable_changes(how):
+    """The mechanism under the actors (``state.hooks.values``): a thread with its own copy of
+    a Variable reads that copy — in a compiled call, an eager op, ``numpy()`` — whatever the
+    Variable holds meanwhile; other threads read the Variable."""
+    from replicate import state
+
+    w = rp.Variable(np.ones(3), name="w")
+    read = {"compiled": rp.function(lambda: w * 1.0), "eager": lambda: w * 1.0,
+            "numpy": lambda: w.numpy()}[how]
+    seen = {}
+
+    def actor():
+        state.hooks.values = {id(w): np.full(3, 7.0)}
+        seen["copy"] = np.asarray(read()).copy()
+        w.assign(np.full(3, 5.0)) if how == "eager" else w.load(np.full(3, 5.0))
+        seen["after"] = np.asarray(read()).copy()  # the Variable changed; the copy did not
+
+    thread = threading.Thread(target=actor)
+    thread.start()
+    thread.join(10)
+    np.testing.assert_array_equal(seen["copy"], 7.0)
+    np.testing.assert_array_equal(seen["after"], 7.0)
+    np.testing.assert_array_equal(np.asarray(read()), 5.0)  # this thread: the Variable
