@@ -42,6 +42,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from .. import tree
 from ..errors import ConfigMismatchError, ReplicateError, source_line, user_frame
+from ..function import check_mode
 from ..state import Variable
 from . import hooks, watchdog
 from .actor_link import LEARNERS, ActorLink, LearnerLink
@@ -107,6 +108,10 @@ class ActorLearner:
                                  f"{on_actor_failure!r}")
         self.on_failure = on_actor_failure
         _check_functions(actor_fn, step_fn)
+        # (checked on every process: an actor process builds no Replicator that would say it)
+        if check_mode(mode) == "eager" and self.k != 1:
+            raise ReplicateError("eager mode runs one replica per process; use "
+                                 "replicas_per_rank=1")
         if collective_timeout is not None:  # (the actor processes' watchdogs too)
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
             watchdog.set_timeout(collective_timeout)
@@ -130,7 +135,7 @@ class ActorLearner:
         first = acting.index(rank) * self.actors if rank in acting else 0
         self._local_ids = list(range(first, first + self.actors)) if rank in acting else []
         self.stats = {"trajectories": 0, "dropped": 0, "lags": {}, "publications": 0,
-                      "publications skipped": 0, "failed": []}
+                      "publications_skipped": 0, "failed": []}
         self.runs, self.replicator, self._link = 0, None, None
         if self.is_learner:
             step = functools.wraps(step_fn)(lambda batch: step_fn(batch[0], batch[1]))

@@ -20,7 +20,7 @@ in flight never exceed its capacity; the actor threads wait on their own bounded
 
 **Publication never blocks a learner.** Learner 0's step hands the parameters to its link
 thread; if an actor process has not yet received the previous copy, that process skips this
-one (it gets the next) and ``stats['publications skipped']`` counts it.
+one (it gets the next) and ``stats['publications_skipped']`` counts it.
 
 **Shutdown.** STOP, then each actor process's DONE, then each learner's FIN: by then every
 message either side sent has been received (MPI keeps the order between two processes), so a
@@ -133,7 +133,7 @@ class LearnerLink:
                     if kind == "params":
                         for rank in self.actors:
                             if rank in params and not params[rank].Test():
-                                self.stats["publications skipped"] += 1
+                                self.stats["publications_skipped"] += 1
                                 continue
                             params[rank] = comm.isend(payload, dest=rank, tag=PARAMS)
                     else:  # "stop": learner 0 tells the actors (after its last publication)
