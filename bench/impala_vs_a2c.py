@@ -1,20 +1,22 @@
 """Environment steps per second and return against wall time: the synchronous A2C example
 (examples/rl.py) against the asynchronous IMPALA example (examples/impala.py), in the same run
-on this machine, each with its defaults (2000 updates of 160 transitions = 320 000 environment
-steps):
+on this machine, each with its defaults and the same budget, 320 000 environment steps (A2C:
+2000 updates of 160 transitions; IMPALA: 2000 of 160, trained to the end: ``--target 0``):
 
 * ``a2c``: 2 processes x 2 replicas, each replica stepping its own 8 environments in lock-step
   with the updates (``prefetch=0``);
 * ``impala 1+1 processes``: 1 learner process + 1 actor process (1 actor thread);
 * ``impala 1+1 processes, 2 actor threads``: the same with 2 actor threads in the actor process;
 * ``impala 2 x (learner + actor thread)``: every process learns (gradients averaged) and runs
-  one actor thread beside its learner;
+  one actor thread beside its learner; an update takes a trajectory from each, so 1000 updates
+  make the same 320 000 environment steps;
 * ``impala 1 process: learner + actor thread`` (and ``+ 2 actor threads``): one process.
 
     python bench/impala_vs_a2c.py [--repeat N] [--plot bench/impala_vs_a2c.png]
 
-Prints a table (median over the repeats) and plots the 20-episode mean return against wall time
-of the last repeat of each configuration.
+Prints a table (medians over the repeats; "first >= 475": when the mean return of the last 20
+episodes first reached the target, "stays": from when it stayed there to the end) and plots the
+20-episode mean return against wall time of the last repeat of each configuration.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ CONFIGS = {  # name: (processes, example, its arguments)
     "impala 1+1 processes, 2 actor threads": (2, "impala.py", ["--layout", "processes",
                                                                "--actors", "2"]),
     "impala 2 x (learner + actor thread)": (2, "impala.py", ["--layout", "threads",
-                                                             "--actors", "1"]),
+                                                             "--actors", "1", "--updates",
+                                                             "1000"]),
     "impala 1 process: learner + actor thread": (1, "impala.py", ["--actors", "1"]),
     "impala 1 process: learner + 2 actor threads": (1, "impala.py", ["--actors", "2"]),
 }
@@ -45,6 +48,8 @@ CONFIGS = {  # name: (processes, example, its arguments)
 
 def run(n, script, args, workdir):
     log = os.path.join(workdir, "log.json")
+    if script == "impala.py":
+        args = [*args, "--target", "0"]
     cmd = [sys.executable, "-m", "replicate.launch", "-n", str(n), os.path.join(EXAMPLES, script),
            *args, "--log", log, "--plot", os.path.join(workdir, "plot.png")]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
@@ -55,15 +60,17 @@ def run(n, script, args, workdir):
 
 
 def solved_at(episodes, target=475.0):
-    """Wall time from which the 20-episode mean return stays >= target (None: never)."""
+    """Wall times at which the 20-episode mean return first reached ``target`` and from which
+    it stayed there (None: never)."""
     t = np.array([e[0] for e in episodes])
     ret = np.array([e[1] for e in episodes])
     if len(ret) < 20:
-        return None
+        return None, None
     window = np.convolve(ret, np.ones(20) / 20, "valid")
-    below = np.flatnonzero(window < target)
-    first = 0 if len(below) == 0 else below[-1] + 1
-    return float(t[first + 19]) if first < len(window) else None
+    above, below = np.flatnonzero(window >= target), np.flatnonzero(window < target)
+    first = float(t[above[0] + 19]) if len(above) else None
+    stays = 0 if len(below) == 0 else below[-1] + 1
+    return first, (float(t[stays + 19]) if stays < len(window) else None)
 
 
 def main(argv=None):
@@ -79,21 +86,24 @@ def main(argv=None):
                 log = run(n, script, extra, workdir)
             episodes = sorted(map(tuple, log["episodes"]))
             ret = [r for _, r in episodes]
+            first, stays = solved_at(episodes)
             results.setdefault(name, []).append({
                 "rate": log["env_steps"] / log["elapsed"], "elapsed": log["elapsed"],
-                "solved": solved_at(episodes), "last20": float(np.mean(ret[-20:]))})
+                "first": first, "stays": stays, "last20": float(np.mean(ret[-20:]))})
             curves[name] = episodes
             print(f"  {name}: {results[name][-1]}", flush=True)
-    print("\n| configuration | env steps/s | 320 000 steps in | 20-episode mean >= 475 "
-          "from | last 20 episodes |")
-    print("|---|---|---|---|---|")
+    print("\n| configuration | env steps/s | 320 000 steps in | first >= 475 at | stays >= 475 "
+          "from | last 20 episodes at the end |")
+    print("|---|---|---|---|---|---|")
     for name, rows in results.items():
-        solved = [r["solved"] for r in rows if r["solved"] is not None]
+        cells = []
+        for key in ("first", "stays"):
+            hit = [r[key] for r in rows if r[key] is not None]
+            cells.append((f"{statistics.median(hit):.1f} s" if hit else "never")
+                         + f" ({len(hit)}/{len(rows)} runs)")
         print(f"| {name} | {statistics.median(r['rate'] for r in rows):,.0f} | "
-              f"{statistics.median(r['elapsed'] for r in rows):.1f} s | "
-              + (f"{statistics.median(solved):.1f} s" if solved else "never") +
-              f" ({len(solved)}/{len(rows)} runs) | "
-              f"{statistics.median(r['last20'] for r in rows):.1f} |")
+              f"{statistics.median(r['elapsed'] for r in rows):.1f} s | {cells[0]} | "
+              f"{cells[1]} | " + ", ".join(f"{r['last20']:.0f}" for r in rows) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
