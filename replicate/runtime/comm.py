@@ -51,7 +51,7 @@ def launched_by_mpi() -> bool:
 class SelfComm:
     """One process, no MPI."""
 
-    rank, size = 0, 1
+    rank, size, label = 0, 1, "self"
 
     def allgather(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x)[None]
@@ -67,8 +67,6 @@ class SelfComm:
 
     def dup(self):
         return self
-
-    label = "self"
 
     def bcast_obj(self, obj, root=0):
         return obj
@@ -236,9 +234,10 @@ class MPIComm:
         ident = self._enter("split")
         try:
             comm = self.comm.Split(int(color), self.rank)
+            colors = self.comm.allgather(int(color))
         finally:
             self._leave(ident)
-        members = [r for r, c in enumerate(self.comm.allgather(int(color))) if c == color]
+        members = [r for r, c in enumerate(colors) if c == color]
         TRACKER.members[label] = set(members)
         return MPIComm(comm, label)
 
