@@ -22,6 +22,7 @@ in about 15 s on 2 cores. The linear decay to 0 is what keeps the solved policy 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import gymnasium as gym
@@ -56,8 +57,9 @@ class ActorCritic(rp.nn.Module):
         return self.pi(h), rnp.squeeze(self.v(hv), -1)
 
 
-def rollouts(ctx, policy, n_envs, n_steps, gamma, lam, episodes, seed):
-    """Yield (obs, actions, returns, advantages) batches from this replica's environments.
+def rollouts(ctx, policy, n_envs, n_steps, gamma, lam, episodes, seed, t0):
+    """Yield (obs, actions, returns, advantages) batches from this replica's environments;
+    append (update, replica, return, wall time since ``t0[0]``) for each finished episode.
 
     Advantages are generalised advantage estimates (GAE, ``lam``; ``lam=1`` gives the plain
     n-step returns minus the value); returns are advantages plus values (the critic's target).
@@ -82,7 +84,7 @@ def rollouts(ctx, policy, n_envs, n_steps, gamma, lam, episodes, seed):
                 ep_ret[i] += r
                 rew[i] = r
                 if term or trunc:
-                    episodes.append((update, ctx.replica_id, ep_ret[i]))
+                    episodes.append((update, ctx.replica_id, ep_ret[i], time.time() - t0[0]))
                     ep_ret[i] = 0.0
                     if trunc and not term:  # time limit: bootstrap from the last state
                         rew[i] += gamma * float(policy(o[None].astype(np.float32))[1][0])
@@ -133,6 +135,7 @@ def main(argv=None):
                     help="standardise the advantages of each replica's batch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="rl.png")
+    ap.add_argument("--log", default=None, help="write the episodes and rates as JSON here")
     args = ap.parse_args(argv)
     k = 1 if args.mode == "eager" else args.replicas_per_rank
 
@@ -146,10 +149,11 @@ def main(argv=None):
                             max_grad_norm=args.max_grad_norm or None)
     policy = rp.function(model)  # the actors' forward pass, compiled once
     episodes: list = []
+    t0 = [time.time()]  # (the start of training, the same on every process: set below)
 
     def input_fn(ctx):
         return rollouts(ctx, policy, args.envs, args.rollout, args.gamma, args.gae_lambda,
-                        episodes, args.seed)
+                        episodes, args.seed, t0)
 
     def step_fn(batch):
         obs, act, ret, adv = batch
@@ -169,17 +173,19 @@ def main(argv=None):
     # input made ahead, the actors would use a policy one or two updates old: A2C would silently
     # become off-policy; replicate warns when input_fn reads Variables while prefetching)
     rep = rp.Replicator(input_fn, step_fn, mode=args.mode, replicas_per_rank=k, prefetch=0)
+    t0[0] = float(rp.host.broadcast(np.float64(time.time())))
     start = time.perf_counter()
     rep.run(steps=args.updates)
     elapsed = time.perf_counter() - start
 
     everyone = sorted(e for part in rp.host.all_gather_object(episodes) for e in part)
-    returns = np.array([r for _, _, r in everyone])
+    returns = np.array([e[2] for e in everyone])
     env_steps = args.updates * args.envs * args.rollout * rep.num_replicas
     last20 = float(returns[-20:].mean()) if len(returns) else 0.0
     if rp.is_main_process():
         print(f"{rep.num_replicas} replicas x {args.envs} envs, {args.updates} updates, "
-              f"{env_steps} environment steps in {elapsed:.1f}s; {len(returns)} episodes")
+              f"{env_steps} environment steps in {elapsed:.1f}s: {env_steps / elapsed:.0f} "
+              f"environment steps/s; {len(returns)} episodes")
         window = np.convolve(returns, np.ones(20) / 20, "valid") if len(returns) >= 20 else []
         below = np.flatnonzero(np.asarray(window) < 475)
         start = 0 if len(below) == 0 else below[-1] + 1
@@ -188,6 +194,10 @@ def main(argv=None):
             print(f"20-episode mean >= 475 from update {update} on "
                   f"({update * args.envs * args.rollout * rep.num_replicas} environment steps)")
         print(f"mean return of the last 20 episodes: {last20:.1f}")
+        if args.log:
+            with open(args.log, "w") as f:
+                json.dump({"example": "rl", "elapsed": elapsed, "env_steps": env_steps,
+                           "episodes": [(e[3], e[2]) for e in everyone]}, f)
         _plot(everyone, args.plot)
     return last20, env_steps, everyone
 
@@ -199,7 +209,7 @@ def _plot(episodes, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ret = np.array([r for _, _, r in episodes])
+    ret = np.array([e[2] for e in episodes])
     ax.plot(ret, lw=0.5, alpha=0.5, label="episode return")
     if len(ret) >= 20:
         ax.plot(np.arange(19, len(ret)), np.convolve(ret, np.ones(20) / 20, "valid"),

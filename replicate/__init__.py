@@ -20,6 +20,7 @@ from .control import cond, switch
 from .custom import custom_vjp
 from .dtypes import autocast, bfloat16, float16
 from .errors import (
+    ActorError,
     CheckpointError,
     CollectiveMismatchError,
     ConfigMismatchError,
@@ -40,7 +41,7 @@ from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .graph.devices import logical_device
 from .optim import wrap_optimizer
-from .runtime import Replicator, callbacks, checkpoint, data, host
+from .runtime import ActorContext, ActorLearner, Replicator, callbacks, checkpoint, data, host
 from .runtime.data import shard_batches
 from .runtime.host import barrier, is_main_process, process_count, process_index
 from .state import Variable
@@ -63,4 +64,5 @@ __all__ = [
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
+    "process_index", "ActorLearner", "ActorContext", "ActorError",
 ]

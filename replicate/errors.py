@@ -77,6 +77,12 @@ class DivergenceError(ReplicateError):
     value everywhere (an update from gradients that were never all-reduced)."""
 
 
+class ActorError(ReplicateError):
+    """An actor of an ``ActorLearner`` failed (its ``actor_fn`` raised: the message names the
+    actor, its process and thread, and holds its traceback), every actor has stopped, or an
+    actor's trajectories cannot be batched."""
+
+
 class CheckpointError(ReplicateError):
     """A checkpoint is missing, unreadable, corrupt or does not fit the state."""
 

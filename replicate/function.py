@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import tree
@@ -51,15 +53,25 @@ class Function:
 
     Graph mode compiles through the same road as ``Replicator`` (``replicate.compiler``), as
     one replica: its collectives are rewritten (one replica per process, across the processes
-    of an MPI launch) like any step's."""
+    of an MPI launch) like any step's. A compiled step reuses its buffers every call, so each
+    thread that calls a ``Function`` compiles its own copy (actor threads sharing one policy:
+    ``trace_count`` counts every thread's traces)."""
 
     def __init__(self, fn, mode="graph", backend="numpy", options=None):
         self.fn = fn
         self.mode = check_mode(mode)
         self.backend = get_backend(backend)
         self.options = as_options(options)
-        self.cache = StepCache()
+        self._per_thread = threading.local()
         self.trace_count = 0
+
+    @property
+    def cache(self) -> StepCache:
+        """This thread's compiled steps."""
+        cache = getattr(self._per_thread, "cache", None)
+        if cache is None:
+            cache = self._per_thread.cache = StepCache()
+        return cache
 
     def __call__(self, *args):
         if self.mode == "eager":

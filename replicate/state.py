@@ -45,7 +45,10 @@ _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation o
 # * ``hooks.observers``: called with each variable read (traced or eager), innermost last:
 #   rp.custom_vjp finds the Variables its fwd reads without taking them as arguments;
 # * ``hooks.input``: set on the input-prefetch thread (runtime/prefetch.py), called with each
-#   variable read there, where the value may be steps old.
+#   variable read there, where the value may be steps old;
+# * ``hooks.values``: this thread's own values of some variables, ``{id(var): array}``: an actor
+#   thread (runtime/actors.py) acts with a published copy of the parameters while the learner
+#   updates the variables themselves; eager reads, ``numpy()`` and compiled calls see these.
 hooks = threading.local()
 
 
@@ -54,6 +57,17 @@ def read_observers() -> list:
     if not hasattr(hooks, "observers"):
         hooks.observers = []
     return hooks.observers
+
+
+def value_of(var) -> np.ndarray:
+    """The value this thread reads for ``var``: its own copy (``hooks.values``) or the
+    variable's current value."""
+    own = getattr(hooks, "values", None)
+    if own:
+        value = own.get(id(var))
+        if value is not None:
+            return value
+    return var.value
 
 
 def note_input_thread_reads(variables) -> None:
@@ -180,6 +194,9 @@ class Variable:
         sync = getattr(hooks, "read", None)
         if sync is not None:
             sync(self)
+        own = getattr(hooks, "values", None)
+        if own and id(self) in own:  # an actor's published copy (not the learner's value)
+            return concrete(own[id(self)])
         if self._eager is None:
             if self.per_replica:  # eager mode: one replica per process
                 self.bind_replicas(1)
@@ -243,7 +260,7 @@ class Variable:
         if current_trace() is not None:
             self._refuse_in_trace("w.numpy()")
         note_input_thread_reads((self,))
-        return self.value
+        return value_of(self)
 
     # -- Python conversions read the value (graph mode: the tracer error at the user's line); an
     # object's default truthiness would make ``if flag:`` always true --------------------------
@@ -263,7 +280,8 @@ class Variable:
     def __array__(self, dtype=None, copy=None):
         if current_trace() is not None:
             self._refuse_in_trace("conversion to a NumPy array")
-        return self.value if dtype is None else self.value.astype(dtype)
+        value = value_of(self)
+        return value if dtype is None else value.astype(dtype)
 
     def _refuse_in_trace(self, what):
         loc = source_line(user_frame(skip_numpy=True))

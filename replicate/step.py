@@ -185,7 +185,9 @@ class CompiledStep:
         copied down in one transfer (``on_device``: left on the device)."""
         meta, device = self.graph.meta, self.executable.device
         state.note_input_thread_reads(meta.variables)
-        if device is None:
+        if getattr(state.hooks, "values", None):  # an actor thread: its published copy
+            inputs = leaves + [state.value_of(v) for v in meta.variables]
+        elif device is None:
             inputs = leaves + [v.value for v in meta.variables]
         else:
             inputs = leaves + [v.device_value(device) for v in meta.variables]  # (``run``

@@ -7,9 +7,8 @@ whatever the buffer's size or how it is cut into buckets, so a run is reproducib
 * with two processes a sum is MPI's own ``Allreduce`` (each element is one addition ``a + b``,
   which is the same in either order), in pieces of ``_CHUNK_BYTES`` (MPICH's shared-memory path
   is markedly faster on pieces of a few MB than on one message of 100 MB);
-* otherwise an all-to-all hands every rank one slice of every rank's buffer, the rank combines the
-  slices in rank order and the combined slices are gathered back (a ring all-reduce's traffic),
-  also in pieces of ``_CHUNK_BYTES``.
+* otherwise an all-to-all hands every rank one slice of every rank's buffer, combined in rank
+  order and gathered back (a ring all-reduce's traffic), also in pieces of ``_CHUNK_BYTES``.
 """
 
 from __future__ import annotations
@@ -51,8 +50,10 @@ def launched_by_mpi() -> bool:
 class SelfComm:
     """One process, no MPI."""
 
-    rank, size = 0, 1
-    local_rank, local_size = 0, 1
+    label = "self"
+
+    def split(self, color: int, label: str, key: int | None = None):
+        return self
 
     def allgather(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x)[None]
@@ -67,9 +68,6 @@ class SelfComm:
         return [obj]
 
     def dup(self):
-        return self
-
-    def split(self, color: int, key: int, label: str):
         return self
 
     def bcast_obj(self, obj, root=0):
@@ -239,16 +237,6 @@ class MPIComm:
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         local.Free()
 
-    def split(self, color: int, key: int, label: str):
-        """The communicator of the processes that give the same ``color`` (ranked by ``key``),
-        watched under ``label`` (model parallelism: a device's or a replica's processes)."""
-        ident = self._enter(f"split({label})")
-        try:
-            comm = self.comm.Split(color, key)
-        finally:
-            self._leave(ident)
-        return MPIComm(comm, label)
-
     def isend(self, x: np.ndarray, dest: int):
         """Start sending ``x`` (C-contiguous, kept alive by the caller until the request is
         done) to rank ``dest``; returns the MPI request."""
@@ -265,6 +253,21 @@ class MPIComm:
             self._leave(ident)
         return out
 
+    def split(self, color: int, label: str, key: int | None = None):
+        """The processes that pass the same ``color`` as one communicator (ranked by ``key``,
+        default as here),
+        labelled ``label`` for the watchdog, which also learns its members (world ranks).
+        Called by every process of this one."""
+        ident = self._enter("split")
+        try:
+            comm = self.comm.Split(int(color), self.rank if key is None else key)
+            colors = self.comm.allgather(int(color))
+        finally:
+            self._leave(ident)
+        members = [r for r, c in enumerate(colors) if c == color]
+        TRACKER.members[label] = set(members)
+        return MPIComm(comm, label)
+
     def abort(self, code: int = 1):
         status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
         sys.stdout.flush()
@@ -279,8 +282,9 @@ _groups: dict = {}  # label -> communicator of a group of processes (model paral
 
 
 def group(label: str | None = None):
-    """The communicator a compiled step's exchange names (``comm=label``; None: the world)."""
-    return world() if label is None else _groups[label]
+    """The communicator a compiled step's exchange names (``comm=label``; None: the replicas'
+    communicator, ``replicas()``)."""
+    return replicas() if label is None else _groups[label]
 
 
 def add_group(comm) -> None:
@@ -309,6 +313,29 @@ def world():
                 watchdog.start(comm)
         hooks.install(_world)  # (one process: only os._exit is noted, for the launcher)
     return _world
+
+
+_replicas: list = []  # the communicator of the processes that run replicas, when not the world
+
+
+def replicas():
+    """The communicator the compiled steps' and eager steps' collectives use: the world, or
+    while an ``ActorLearner``'s learners run, the learners' own (actor processes take no part)."""
+    return _replicas[-1] if _replicas else world()
+
+
+class replicas_on:  # noqa: N801 - a context manager, named as a function
+    """``with replicas_on(comm):`` the steps' collectives run on ``comm``."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __enter__(self):
+        _replicas.append(self.comm)
+        return self.comm
+
+    def __exit__(self, *exc):
+        _replicas.remove(self.comm)
 
 
 # The variables each BLAS reads for its thread count (its own first, then OpenMP's): a library is

@@ -19,7 +19,7 @@ from ..errors import ReplicaContextError, source_line, user_frame
 from ..graph.aval import AVal
 from ..graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
-from .comm import group, world
+from .comm import group, replicas
 from .overlap import start_allreduce
 
 _HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
@@ -35,7 +35,7 @@ def _eager(kind, x, num_replicas, attrs):
     disagreement — another collective, other shapes, or a collective that only some processes
     call, which meets the others' next exchange — is an error named on every rank with every
     rank's call and line, never a hang, a misread message or a silently wrong result."""
-    comm = world()
+    comm = replicas()
     if num_replicas != comm.size:
         if current_replica() is None:  # not in a step at all
             raise ReplicaContextError(

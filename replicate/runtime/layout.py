@@ -74,8 +74,9 @@ class Layout:
         if self.m == 1:
             return
         if self.m not in _SPLITS:
-            device = self.comm.split(self.device, self.group, f"device{self.device}.of{self.m}")
-            replica = self.comm.split(self.group, self.device, f"replica{self.group}.of{self.m}")
+            m, d, g = self.m, self.device, self.group
+            device = self.comm.split(d, f"device{d}.of{m}", key=g)
+            replica = self.comm.split(g, f"replica{g}.of{m}", key=d)
             add_group(device)
             add_group(replica)
             _SPLITS[self.m] = device, replica

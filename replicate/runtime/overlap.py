@@ -3,8 +3,9 @@
 ``comm_start`` (a graph node) hands a flat buffer to the one thread and returns a handle;
 ``comm_wait`` blocks until that bucket is reduced. The thread takes buckets strictly in the order
 they were started, which is the same on every rank (it is the compiled graph's order), so the
-reductions stay fixed-order and reproducible. It talks on its own duplicate of the world
-communicator, so its traffic never mixes with collectives the main thread issues meanwhile.
+reductions stay fixed-order and reproducible. It talks on its own duplicate of the replicas'
+communicator (the world, or an ``ActorLearner``'s learners), so its traffic never mixes with
+collectives the main thread issues meanwhile.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 
 from .comm import group
 
-_threads: dict = {}  # communicator label (None: the world) -> its communication thread
+_threads: dict = {}  # communicator label -> its communication thread
 _lock = threading.Lock()
 
 
@@ -59,11 +60,13 @@ class CommThread:
 
 def comm_thread(label: str | None = None) -> CommThread:
     """The process's communication thread for a communicator (started on first use, on a
-    duplicate of it; ``None``: the world, else a group of processes of model parallelism)."""
+    duplicate of it; ``None``: the replicas' communicator — the world, or an ``ActorLearner``'s
+    learners — else a group of processes of model parallelism)."""
+    comm = group(label)
     with _lock:
-        if label not in _threads:
-            _threads[label] = CommThread(group(label).dup())
-        return _threads[label]
+        if comm.label not in _threads:
+            _threads[comm.label] = CommThread(comm.dup())
+        return _threads[comm.label]
 
 
 def start_allreduce(x, op: str, inplace: bool = False, comm: str | None = None) -> Handle:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import queue
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ DEFAULT_TIMEOUT = 300.0
 GRACE = 2.0  # how long a stalled rank waits for its peers to describe themselves
 _QUERY, _STATE, _BYE = 30001, 30002, 30003
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WAITING = os.path.join(os.path.dirname(os.path.abspath(queue.__file__)), "queue.py")  # (a wait)
 
 
 def parse_timeout(value, what=ENV) -> float:
@@ -84,6 +86,10 @@ class Tracker:
         self.phase = None  # e.g. "input check", "step", "outputs"
         self.inflight: dict[int, Call] = {}  # thread ident -> its call
         self.comms: dict[str, object] = {}  # label -> communicator (its ``seq`` counts calls)
+        # label -> the world ranks that take part (a communicator of some processes, or the
+        # actors a learner waits for: runtime/actor_link.py); absent: every rank
+        self.members: dict[str, set] = {}
+        self.describers: list = []  # () -> lines on this process's other threads (actors)
 
     def entered(self) -> dict:
         return {label: comm.seq for label, comm in list(self.comms.items())}
@@ -116,7 +122,7 @@ def user_line(frame) -> str:
     inner = None
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep) and "threading" not in path:
+        if not path.startswith((_PACKAGE_DIR + os.sep, _WAITING)) and "threading" not in path:
             return source_line((path, frame.f_lineno))
         inner = inner or frame
         frame = frame.f_back
@@ -151,6 +157,7 @@ def state(rank) -> dict:
         "inflight": [(c.comm, c.seq, c.describe(), c.thread) for c in
                      list(TRACKER.inflight.values())],
         "where": where,
+        "threads": [line for describe in list(TRACKER.describers) for line in describe()],
     }
 
 
@@ -229,8 +236,10 @@ class Watchdog:
         now = time.monotonic()
         for call in list(TRACKER.inflight.values()):
             waited = now - call.t0
+            members = TRACKER.members.get(call.comm)
             never = [r for r, final in self.gone.items()
-                     if final["entered"].get(call.comm, 0) <= call.seq]
+                     if final["entered"].get(call.comm, 0) <= call.seq
+                     and (members is None or r in members)]
             if never:
                 self._report(call, waited, exited=never)
             elif self.timeout and waited > self.timeout:
@@ -241,7 +250,9 @@ class Watchdog:
         if self.reported:
             return
         self.reported = True
-        peers = [r for r in range(self.size) if r != self.rank]
+        members = TRACKER.members.get(call.comm)
+        peers = [r for r in range(self.size) if r != self.rank
+                 and (members is None or r in members)]
         answers = {r: self.gone[r] for r in exited}
         if self._ready():
             for r in peers:
@@ -335,8 +346,9 @@ def _describe_peer(info, call, arrived, exited) -> str:
         doing = "waits in " + "; ".join(waits)
     else:
         doing = "is not in any collective"
+    threads = "".join(f"\n    {line}" for line in info.get("threads", ()))
     return (f"has not arrived: {step}, it {doing}; its main thread is at {info['where']} "
-            f"({count} call(s) on {call.comm!r} so far)")
+            f"({count} call(s) on {call.comm!r} so far){threads}")
 
 
 _WATCHDOG: Watchdog | None = None
