@@ -185,7 +185,7 @@ def crashing_setup(policy, crash_at=3, crashing=(1,), actors=2):
         for i in range(1, 10 ** 6):
             if ctx.actor_id in crashing and i == crash_at:
                 raise RuntimeError(f"injected failure in actor {ctx.actor_id}")  # MARK crash
-            time.sleep(0.002)
+            time.sleep(0.005)  # (the run outlasts the failing actor's first trajectories)
             yield np.ones(2)
 
     def step_fn(traj, lag):
