@@ -50,7 +50,8 @@ def launched_by_mpi() -> bool:
 class SelfComm:
     """One process, no MPI."""
 
-    label = "self"
+    rank, size, label = 0, 1, "self"
+    local_rank, local_size = 0, 1
 
     def split(self, color: int, label: str, key: int | None = None):
         return self
@@ -282,8 +283,7 @@ _groups: dict = {}  # label -> communicator of a group of processes (model paral
 
 
 def group(label: str | None = None):
-    """The communicator a compiled step's exchange names (``comm=label``; None: the replicas'
-    communicator, ``replicas()``)."""
+    """The communicator a compiled step's exchange names (``comm=label``; None: replicas())."""
     return replicas() if label is None else _groups[label]
 
 
