@@ -127,9 +127,9 @@ CHUNK_BYTES = 1 << 20
 
 
 def _chunks(xp, n, image_bytes):
-    """(start, end) of the batch's chunks."""
-    step = max(1, CHUNK_BYTES // max(image_bytes, 1)) if xp.__name__ == "numpy" else n
-    return [(i, min(n, i + step)) for i in range(0, n, step)]
+    """(start, end) of the batch's chunks (one empty chunk for an empty batch)."""
+    step = max(1, CHUNK_BYTES // max(image_bytes, 1) if xp.__name__ == "numpy" else n)
+    return [(i, min(n, i + step)) for i in range(0, n, step)] or [(0, 0)]
 
 
 def _im2col(xp, view):
