@@ -17,9 +17,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["step_time.py", "conv.py", "allreduce.py", "weak_scaling.py", "fusion.py",
-           "compile_time.py", "eager_vs_graph.py", "mixed_precision.py", "scaleout_model.py",
-           "conv_gan.py", "prefetch.py"]
+SCRIPTS = ["step_time.py", "conv.py", "eager_profile.py", "allreduce.py", "weak_scaling.py",
+           "fusion.py", "compile_time.py", "eager_vs_graph.py", "mixed_precision.py",
+           "scaleout_model.py", "conv_gan.py", "prefetch.py"]
 
 
 def main(argv=None):

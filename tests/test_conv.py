@@ -222,6 +222,18 @@ def test_the_numpy_rows_over_chunks_of_the_batch(monkeypatch, images):
         check(got, want, f"{CHUNKED[k]}, {images} image(s) per chunk")
 
 
+def test_an_empty_batch():
+    """No images: an empty output, empty input gradients and zero weight gradients (both
+    modes; PyTorch's second derivatives of an empty batch are None, so compared with zeros)."""
+    a = [np.ones((0, 2, 5, 4)), np.ones((3, 2, 3, 3)), np.ones((0, 3, 3, 2)),
+         np.ones((0, 2, 5, 4)), np.ones((3, 2, 3, 3))]
+    want = [np.zeros((0, 3, 3, 2)), np.zeros((0, 2, 5, 4)), np.zeros((3, 2, 3, 3)),
+            np.zeros((0, 2, 5, 4)), np.zeros((3, 2, 3, 3))]
+    for how in ("numpy", "eager"):
+        got = run_all([lambda x, w: rnp.conv2d(x, w, stride=2, padding=1)], [a], how)[0]
+        check(got, want, f"empty batch ({how})")
+
+
 # -- the composition the primitives replaced ------------------------------------------------------
 def old_conv2d(x, w, stride, padding, dilation):
     """rnp.conv2d before issue 17: stacked strided slices of the padded input, one einsum."""

@@ -62,7 +62,8 @@ def _backward(y: Array, xs: list, y_grad: Array) -> list:
     order, relevant = _topo_order(y, targets)
     cts = {y.id: y_grad}
     for a in reversed(order):
-        g = cts.get(a.id)
+        # a cotangent is used once, here (eager: its array goes now, not at the end of the pass)
+        g = cts.get(a.id) if a.id in targets else cts.pop(a.id, None)
         if g is None or a.node is None or not relevant[a.id]:
             continue
         node = a.node
