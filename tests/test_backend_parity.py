@@ -490,6 +490,13 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
     with pytest.raises(ConnectionError, match="peer gone"):  # the rule's own exception
         exe([v])
 
+    # a host result of the wrong shape is never broadcast into the graph's value
+    monkeypatch.setitem(IMPL, "fake_wait", lambda h, *others: h.value[:1])
+    exe = lower(graph)
+    with pytest.raises(RuntimeError, match=r"host node fake_wait .* float64\[1\], its graph "
+                                           r"value is float64\[3\]"):
+        exe([v])
+
 
 @only_jax
 def test_jax_runs_fused_groups_and_large_constants():

@@ -34,7 +34,7 @@ from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
 from .base import Executable
-from .jax_host import HostCalls, available, opaque_values
+from .jax_host import HostCalls, available, check_result, opaque_values
 from .jax_impl import JAX, apply
 
 name = "jax"
@@ -175,7 +175,7 @@ class JaxProgram:
                 to_host = tuple(a in device for a in args)
                 slot[node.out.id] = len(slot)
                 self.steps.append((False, IMPL[node.prim],
-                                   (args, to_host, node.attrs, node.out.aval.dtype),
+                                   (args, to_host, node.attrs, node),
                                    slot[node.out.id]))
                 self.kernels.append(f"host[{node.prim}]")
                 k += 1
@@ -251,11 +251,13 @@ class JaxProgram:
                 for w, value in zip(c, results):
                     env[w] = value
             else:  # a: the NumPy rule, b: (argument slots, which to bring over, ...), c: out
-                args, to_host, attrs, dtype = b
+                args, to_host, attrs, node = b
                 value = a(*[np.asarray(env[s]) if h else env[s] for s, h in zip(args, to_host)],
                           **attrs)  # a value made by a host node may be a handle: untouched
-                if isinstance(value, np.ndarray) and value.dtype != dtype:
-                    value = value.astype(dtype)
+                if isinstance(value, np.ndarray):
+                    dtype = np.dtype(node.out.aval.dtype)
+                    check_result(node, value, tuple(node.out.aval.shape), dtype)
+                    value = value.astype(dtype, copy=False)
                 env[c] = value
         results, new_views = [], {}
         for s, device in self.outputs:

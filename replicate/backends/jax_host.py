@@ -98,6 +98,8 @@ class HostCalls:
                     ticket = next(tickets) & 0x7FFFFFFF
                     values[ticket] = value
                     value = ticket
+                else:  # never let NumPy broadcast or cast a wrong result into XLA's buffer
+                    check_result(node, value, tuple(aval.shape), dtype)
                 np.asarray(out)[...] = value
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:  # raised again by the program, not as XLA's text
@@ -115,6 +117,16 @@ class HostCalls:
         self.values.clear()
         if failure is not None:
             raise failure from None
+
+
+def check_result(node, value, shape: tuple, dtype: np.dtype):
+    """Raise when a host rule's result is not the node's shape (or not castable to its dtype)."""
+    got = np.asarray(value)
+    if got.shape != shape or not np.can_cast(got.dtype, dtype, "same_kind"):
+        raise RuntimeError(
+            f"internal error: host node {node.prim} (%{node.out.id}) produced "
+            f"{got.dtype}{list(got.shape)}, its graph value is {dtype}{list(shape)}; "
+            "please report this with the program")
 
 
 def opaque_values(nodes, is_host, outputs) -> set:
