@@ -7,13 +7,23 @@ timeout (a hang fails the test instead of blocking the suite).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
+# Under pytest-xdist (README: ``pytest -n 2``) each worker is one of the machine's cores: one
+# BLAS thread each (a spinning BLAS pool beside the other worker slows both many times over).
+# Set before anything imports NumPy.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -65,21 +75,87 @@ def child_env(blas_threads: int | None = 1, **extra) -> dict:
     return env
 
 
+class _Cores:
+    """Who may use the machine's cores under pytest-xdist (README: ``pytest -n 2``): an
+    in-process test holds them shared with the other worker's test; a multi-process job (its
+    ranks busy-poll MPI) holds them alone, so two jobs never overlap and no in-process test
+    runs beside one (with one beside it, a 1-s MPI test took 90 s). Two ``flock``s: ``cores``
+    (shared/exclusive) and ``gate``, which a job takes first so that new tests wait behind it
+    instead of starving it. A no-op without xdist."""
+
+    def __init__(self):
+        self.on = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+        if self.on:
+            key = hashlib.sha1(ROOT.encode()).hexdigest()[:12]
+            base = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"replicate-tests-{key}")
+            self.gate, self.cores = open(base + ".gate", "a"), open(base + ".cores", "a")
+        self.shared = False  # this worker's test holds the cores shared
+
+    def _through_gate(self, mode):
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.cores, mode)
+        finally:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def share(self):
+        if not self.on:
+            yield
+            return
+        self._through_gate(fcntl.LOCK_SH)
+        self.shared = True
+        try:
+            yield
+        finally:
+            self.shared = False
+            fcntl.flock(self.cores, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def alone(self):
+        if not self.on:
+            yield
+            return
+        shared = self.shared
+        fcntl.flock(self.cores, fcntl.LOCK_UN)  # never wait for the gate holding the cores
+        self._through_gate(fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.cores, fcntl.LOCK_SH if shared else fcntl.LOCK_UN)
+
+
+CORES = _Cores()
+
+
+@pytest.fixture(autouse=True)
+def _share_the_cores():
+    with CORES.share():
+        yield
+
+
+def exclusive():
+    """The machine to this worker alone while a multi-process job runs (see ``_Cores``); the
+    hard timeouts of the job count from inside, never the wait."""
+    return CORES.alone()
+
+
 def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False):
     """Run ``cmd`` in its own session with a hard timeout: on a hang the whole process group
     (mpiexec and every rank it started) is killed and the test fails. Returns a
     ``CompletedProcess`` with ``.seconds`` (wall time) added; ``check``: also fail on a nonzero
     exit."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"hang: {' '.join(map(str, cmd))} did not finish in {timeout} s\n"
-                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    with exclusive():
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"hang: {' '.join(map(str, cmd))} did not finish in {timeout} s\n"
+                        f"--- stdout\n{out}\n--- stderr\n{err}")
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     result.seconds = time.monotonic() - t0
     if check:

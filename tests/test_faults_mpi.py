@@ -25,6 +25,7 @@ from conftest import (
     PROGRAMS,
     assert_no_orphans,
     child_env,
+    exclusive,
     mpirun,
     needs_mpi,
     report,
@@ -79,6 +80,11 @@ def run_and_kill(args, rank, step):
     """Start ``mpiexec -n 2 python ARGS``, SIGKILL rank ``rank`` from outside once it printed
     step ``step``; return (returncode, seconds from the kill to the end of the job, stdout,
     stderr)."""
+    with exclusive():
+        return _run_and_kill(args, rank, step)
+
+
+def _run_and_kill(args, rank, step):
     token = f"tok-{uuid.uuid4().hex}"
     cmd = [MPIEXEC, "-n", "2", sys.executable, *args, "--token", token]
     proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(), stdout=subprocess.PIPE,
