@@ -20,7 +20,9 @@ Device-resident (``DEVICE``, ``cupy_device.py``): ``run`` takes host or device a
 returns device arrays; a step keeps its variables on the device between calls, constants are
 copied up once, at lowering, and ``DEVICE.transfers`` counts every byte that crosses.
 Index arrays are bounds-checked (CuPy wraps an out-of-range index around, NumPy raises): on the
-host before they go up when they are batch leaves, else on the device (``cupy_index.py``).
+host before they go up when they are batch leaves, else on the device (``cupy_index.py``); an
+integer to a negative integer power sets a flag on the device (NumPy raises, a kernel cannot);
+the flags of a call are read together, once, at its end.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import MOVES, table
 from . import cuda_codegen, cuda_random
 from .base import Executable
+from .cuda_ops import POW_MESSAGE
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
 from .cupy_index import IndexChecks
@@ -62,7 +65,11 @@ def _compile(spec):
     return kernel
 
 
-def _fused_fn(node, consts, index):
+def _pow_error():
+    return ValueError(POW_MESSAGE)
+
+
+def _fused_fn(node, consts, index, checks):
     try:
         spec = cuda_codegen.generate(node, consts, f"replicate_fused_{index}")
     except NotImplementedError as e:  # fusion asked ``fusion_accepts``: this is a bug, not a path
@@ -70,16 +77,22 @@ def _fused_fn(node, consts, index):
                              f"({e}); please report it") from None
     kernel = _compile(spec)
     shape, dtype = node.out.shape, node.out.dtype
+
+    def flag():  # the kernel's error flag, read at the call's end (NumPy raises at once)
+        err = cupy.zeros((1,), cupy.int32)
+        checks.add(err, node, _pow_error)
+        return [err]
+
     if spec.kind == "elementwise":
         def run(*xs):
             out = cupy.empty(shape, dtype)
-            kernel(*[xs[i] for i in spec.params], out)
+            kernel(*[xs[i] for i in spec.params], *(flag() if spec.flag else ()), out)
             return out
         return run
 
     def reduce(*xs):
         args = [cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params]
-        out = kernel(*args, axis=spec.axes)
+        out = kernel(*args, *(flag() if spec.flag else ()), axis=spec.axes)
         if out.shape != shape or out.dtype != dtype:  # never a silently wrong shape
             raise ReplicateError(f"internal error: fused group {node.attrs['body']} made "
                                  f"{out.dtype}{list(out.shape)}, not {dtype}{list(shape)}; "
@@ -153,8 +166,11 @@ def _op_fn(node, checks):
     attrs, dtype = node.attrs, node.out.dtype
     if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
         return checks.wrap(fn, node)  # bounds checked (CuPy wraps around, NumPy raises)
+    int_pow = node.prim == "pow" and np.dtype(dtype).kind != "f"  # CuPy: 0 where NumPy raises
 
     def run(*xs):
+        if int_pow:
+            checks.add(xs[1] < 0, node, _pow_error)
         value = cupy.asarray(fn(*xs, **attrs))
         return value if value.dtype == dtype else value.astype(dtype)
     return run
@@ -176,7 +192,7 @@ def lower(graph):
         if node.prim == "fused":
             scalars = {i: producer[x.id].attrs["value"] for i, x in enumerate(node.inputs)
                        if x.id in producer and producer[x.id].prim == "const" and x.size == 1}
-            fn = _fused_fn(node, scalars, k)
+            fn = _fused_fn(node, scalars, k, checks)
         else:
             fn = _op_fn(node, checks)
         steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id], node))
