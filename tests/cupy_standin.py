@@ -344,8 +344,13 @@ class ElementwiseKernel:
         key = repr(("ElementwiseKernel", args, sorted(kwargs.items())))
         self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
         self.raw = _raw_params(in_params) + _raw_params(out_params)
+        self.model = MODELS.get(name) if key not in SPECS else None
         if key in SPECS:  # a fused group: its body's ops
             self.spec, self.program = SPECS[key], None
+        elif self.model is not None:  # C with loops: its NumPy model (the C runs in a test)
+            self.program = None
+            self.spec = KernelSpec("elementwise", name, in_params, out_params, operation=operation,
+                                   preamble=kwargs.get("preamble", ""))
         else:  # anything else: its C, read (or refused) now
             names = [p.split()[-1] for p in (in_params + "," + out_params).split(",") if p.strip()]
             self.program = _c_program(operation, names)
@@ -373,6 +378,10 @@ class ElementwiseKernel:
         CALLS[0] += 1
         ndims = tuple(a.ndim if raw else out.ndim for a, raw in zip(args, self.raw))
         LAUNCHES[("elementwise", self.spec.key, dtypes, ndims)] = self.spec
+        if self.model is not None:
+            out._a[...] = self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
+                                       for a, raw in zip(ins, self.raw)])
+            return out
         if self.program is not None:
             env = {n: a._a if raw else np.broadcast_to(a._a, shape).reshape(-1)
                    for n, a, raw in zip(self.names, args, self.raw)}
@@ -456,7 +465,27 @@ def _module_getattr(name):
 
 
 def _scatter_add(out, index, g):
-    np.add.at(out._a, unwrap(index), unwrap(g))
+    """CuPy's atomic adds apply in no set order: here, last update first (so a result that
+    relies on NumPy's order — ``np.add.at``'s, first to last — shows it)."""
+    a, ix = out._a, unwrap(index)
+    pos = np.arange(a.size).reshape(a.shape)[ix]
+    vals = np.broadcast_to(unwrap(g), pos.shape).reshape(-1)
+    np.add.at(a.reshape(-1), pos.reshape(-1)[::-1], vals[::-1])
+
+
+def _segment_sum(start, stop, vals):
+    """``cupy_scatter.segment_sum``: per segment, 0 + vals[start] + ... + vals[stop - 1] in
+    order (its C is compiled with NVRTC and run on the host by ``tests/test_cupy_scatter``)."""
+    lengths = (stop - start).reshape(-1)
+    seg = np.repeat(np.arange(lengths.size), lengths)
+    idx = np.repeat(start.reshape(-1), lengths) + np.arange(lengths.sum()) - \
+        np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out = np.zeros(lengths.size, vals.dtype)
+    np.add.at(out, seg, vals[idx])  # each segment's adds in order, from 0
+    return out.reshape(start.shape)
+
+
+MODELS = {"replicate_segment_sum": _segment_sum}  # kernels with loops, by name: NumPy models
 
 
 def _erf(x):

@@ -10,7 +10,8 @@
   as NumPy, made on the device;
 * other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
   module, float16 operands in float32 as the reference, with device versions where a row is
-  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add): no row ever calls
+  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add — in NumPy's order,
+  with no atomics: ``cupy_scatter.py``): no row ever calls
   ``numpy`` on a device array; ``local_reduce`` (the in-process combine of the replicas) is one
   of them, on the device;
 * communication nodes go through the process's transport (``cupy_comm.py``): NCCL when each
@@ -44,6 +45,7 @@ from .cuda_ops import POW_MESSAGE
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
 from .cupy_index import IndexChecks
+from .cupy_scatter import ScatterAdd
 from .numpy_backend import kernels
 
 place()  # GPU (local rank % device count)
@@ -116,9 +118,16 @@ def _random_uniform(key, shape, dtype):
     return ((bits >> cupy.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
 
 
+_SCATTER_ADD = ScatterAdd(cupy)
+
+
 def _scatter_add(g, *idx, index, shape):
+    """As ``np.add.at``, in its order (``cupy_scatter.py``; ``cupyx.scatter_add``'s atomics
+    would make the sums' rounding vary run to run)."""
+    if idx:
+        return _SCATTER_ADD(g, index_tuple(index, idx), shape)
     out = cupy.zeros(shape, g.dtype)
-    cupyx.scatter_add(out, index_tuple(index, idx), g)
+    out[index_tuple(index, idx)] = g  # no index arrays: no element is updated twice
     return out
 
 
