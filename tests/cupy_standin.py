@@ -56,7 +56,7 @@ REAL = None          # the real cupy module, where it imports (no GPU needed)
 SPECS: dict = {}     # kernel constructor arguments -> the KernelSpec they were made from
 LAUNCHES: dict = {}  # launch signature -> KernelSpec (distinct launches, for compiling)
 TRANSFERS = {"to_device": 0, "to_host": 0}  # bytes
-CALLS = [0]          # kernel launches
+CALLS = [0]          # launches of generated kernels (fused groups; not the segment sum's)
 ACTIVE = False
 ACCUMULATOR = {c: np.dtype(name) for name, c in CTYPE.items()}
 CUB_MIN = 128        # CuPy's CUB reductions: at least this many elements reduced
@@ -375,7 +375,7 @@ class ElementwiseKernel:
         shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
         if shape != out.shape:
             raise ValueError("Out shape is mismatched")
-        CALLS[0] += 1
+        CALLS[0] += self.model is None
         ndims = tuple(a.ndim if raw else out.ndim for a, raw in zip(args, self.raw))
         LAUNCHES[("elementwise", self.spec.key, dtypes, ndims)] = self.spec
         if self.model is not None:

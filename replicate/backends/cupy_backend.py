@@ -185,6 +185,19 @@ def _op_fn(node, checks):
     return run
 
 
+_VIEWS = frozenset({"reshape", "transpose", "broadcast_to", "getitem", "stop_gradient",
+                    "custom_vjp"})  # rows that may return (a view of) their first operand
+
+
+def _views_of_inputs(graph, slot) -> set:
+    """Slots of the values that may share memory with a graph input."""
+    views = set(range(len(graph.inputs)))
+    for node in graph.nodes:
+        if node.prim in _VIEWS and slot[node.inputs[0].id] in views:
+            views.add(slot[node.out.id])
+    return views
+
+
 def lower(graph):
     cuda_codegen.refuse_bfloat16(graph)
     producer = {n.out.id: n for n in graph.nodes}
@@ -206,7 +219,8 @@ def lower(graph):
             fn = _op_fn(node, checks)
         steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id], node))
     n_in = len(graph.inputs)
-    outputs = [(slot[o.id], slot[o.id] in consts) for o in graph.outputs]
+    views = _views_of_inputs(graph, slot)
+    outputs = [(slot[o.id], slot[o.id] in consts or slot[o.id] in views) for o in graph.outputs]
 
     def run(inputs):
         if len(inputs) != n_in:
@@ -221,7 +235,8 @@ def lower(graph):
                 note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
         checks.after()
-        # a constant leaves as a copy: the one kept for the next call is never the caller's
+        # a constant, or an input (or a view of one: a variable's buffer, written in place by
+        # the next commit), leaves as a copy: what is kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 
     return Executable(graph, run, kernels(graph), DEVICE)
