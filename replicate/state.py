@@ -227,12 +227,22 @@ class Variable:
             self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf
 
-    def load(self, value, device=None) -> None:
+    def load(self, value, device=None, in_place: bool = False) -> None:
         """Replace the value from outside any step (a compiled step writing its update back, a
         checkpoint restored): the next eager read starts a fresh tape leaf. A per-replica
         variable takes its local replicas' values stacked, ``(k, ...)``. ``device``: ``value``
-        is an array in that device's memory (a device step's update), kept there."""
+        is an array in that device's memory (a device step's update), kept there — with
+        ``in_place`` written into the device buffer the variable already has (same shape and
+        dtype, a device that can: ``write_into``), so it keeps one buffer from step to step."""
         on_device = device is not None and device.is_array(value)
+        old, own = self._device, in_place and on_device and hasattr(device, "write_into")
+        if own and old is not None and old[0] is device and \
+                (old[1].shape, old[1].dtype) == (value.shape, value.dtype):
+            if old[1] is not value:
+                device.write_into(old[1], value)
+            value = old[1]
+        elif own:  # a buffer of its own from now on: never one that the caller holds
+            value = value.copy()
         if self.per_replica:
             value = value if on_device else np.asarray(value)
             if tuple(value.shape[1:]) != self.shape:

@@ -206,11 +206,11 @@ class CompiledStep:
         return list(zip(self.graph.meta.updated, values))
 
     def commit(self, values: list) -> None:
-        """Write a ``run``'s new values into the variables (on a device backend: device arrays,
-        which stay there)."""
+        """Write a ``run``'s new values into the variables (on a device backend: into each
+        variable's device buffer, in place)."""
         device = self.executable.device
         for var, value in zip(self.graph.meta.updated, values):
-            var.load(value, device)
+            var.load(value, device, in_place=True)
 
 
 def gather_outputs(comm, results: list, flag=None):

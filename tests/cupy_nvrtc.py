@@ -106,7 +106,9 @@ def _sources_of(signature, spec):
     index = kernel_mod._TypeMap(type_map._pairs + (("IndexT", "int32"),))
     common = (kernel.reduce_expr,)
     if path == "simple":
-        infos = tuple(_info(ND, real.ndarray, d, ndim) for d in dtypes) + (
+        raw = [p.raw for p in kernel.in_params]  # a raw input (the error flag) keeps 1 dim
+        infos = tuple(_info(ND, real.ndarray, d, 1 if r else ndim)
+                      for d, r in zip(dtypes, raw)) + (
             _info(ND, real.ndarray, out_types[0], out_ndim),
             _info(INDEXER, Indexer, None, ndim, True),
             _info(INDEXER, Indexer, None, out_ndim, True),

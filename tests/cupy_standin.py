@@ -28,6 +28,8 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
   parameters are passed whole;
 * reading a device value on the host (``get``, ``asnumpy``, ``int()``, ``float()``, ``bool()``,
   ``item``, ``tolist``) is a copy, counted in ``TRANSFERS``;
+* an integer ``power`` is CuPy's (a negative exponent gives 0, 1 or -1, never NumPy's
+  ValueError); in a generated kernel it is C's ``_ipow``, which sets the kernel's error flag;
 * ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
   ``cupy_standin_cuda.py``.
 
@@ -54,7 +56,7 @@ REAL = None          # the real cupy module, where it imports (no GPU needed)
 SPECS: dict = {}     # kernel constructor arguments -> the KernelSpec they were made from
 LAUNCHES: dict = {}  # launch signature -> KernelSpec (distinct launches, for compiling)
 TRANSFERS = {"to_device": 0, "to_host": 0}  # bytes
-CALLS = [0]          # kernel launches
+CALLS = [0]          # launches of generated kernels (fused groups; not the segment sum's)
 ACTIVE = False
 ACCUMULATOR = {c: np.dtype(name) for name, c in CTYPE.items()}
 CUB_MIN = 128        # CuPy's CUB reductions: at least this many elements reduced
@@ -296,12 +298,33 @@ def _spec_for(cls, args, kwargs):
     return spec
 
 
-def _evaluate(nodes, env):
-    """The body's ops by the reference; ``broadcast_to`` is the identity, as in the kernel."""
+def integer_power(a, b):
+    """CuPy's integer ``power`` (and the generated ``_ipow`` before issue 18's fix): by squaring,
+    and for a negative exponent 0, or 1 / -1 for a base of 1 / -1 — never NumPy's ValueError."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    with np.errstate(over="ignore"):
+        value = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
+    if a.dtype.kind == "b":
+        return value
+    odd = (b % 2).astype(bool)
+    small = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(value.dtype)
+    return np.where(b < 0, small, value)
+
+
+def _evaluate(nodes, env, err=None):
+    """The body's ops by the reference; ``broadcast_to`` is the identity, as in the kernel; an
+    integer power is C's (``cuda_ops._ipow``): a negative exponent sets the error flag ``err``
+    (the kernel's ``raw int32`` input) where the kernel has one, and is silent where not."""
     for node in nodes:
         args = [env[x.id] for x in node.inputs]
-        env[node.out.id] = args[0] if node.prim == "broadcast_to" else \
-            reference_apply(node, args)
+        if node.prim == "broadcast_to":
+            env[node.out.id] = args[0]
+        elif node.prim == "pow" and node.out.dtype.kind != "f":
+            if err is not None and np.any(np.asarray(args[1]) < 0):
+                err[0] = 1
+            env[node.out.id] = integer_power(*args).astype(node.out.dtype)
+        else:
+            env[node.out.id] = reference_apply(node, args)
     return env
 
 
@@ -321,8 +344,13 @@ class ElementwiseKernel:
         key = repr(("ElementwiseKernel", args, sorted(kwargs.items())))
         self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
         self.raw = _raw_params(in_params) + _raw_params(out_params)
+        self.model = MODELS.get(name) if key not in SPECS else None
         if key in SPECS:  # a fused group: its body's ops
             self.spec, self.program = SPECS[key], None
+        elif self.model is not None:  # C with loops: its NumPy model (the C runs in a test)
+            self.program = None
+            self.spec = KernelSpec("elementwise", name, in_params, out_params, operation=operation,
+                                   preamble=kwargs.get("preamble", ""))
         else:  # anything else: its C, read (or refused) now
             names = [p.split()[-1] for p in (in_params + "," + out_params).split(",") if p.strip()]
             self.program = _c_program(operation, names)
@@ -347,9 +375,13 @@ class ElementwiseKernel:
         shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
         if shape != out.shape:
             raise ValueError("Out shape is mismatched")
-        CALLS[0] += 1
+        CALLS[0] += self.model is None
         ndims = tuple(a.ndim if raw else out.ndim for a, raw in zip(args, self.raw))
         LAUNCHES[("elementwise", self.spec.key, dtypes, ndims)] = self.spec
+        if self.model is not None:
+            out._a[...] = self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
+                                       for a, raw in zip(ins, self.raw)])
+            return out
         if self.program is not None:
             env = {n: a._a if raw else np.broadcast_to(a._a, shape).reshape(-1)
                    for n, a, raw in zip(self.names, args, self.raw)}
@@ -357,9 +389,11 @@ class ElementwiseKernel:
             value = _run_c(self.program, env)
             out._a[...] = np.broadcast_to(np.asarray(value), (out.size,)).reshape(shape)
             return out
-        env = _inputs_env(self.spec, [np.broadcast_to(a._a, shape) for a in ins])
+        raws = [a._a for a, raw in zip(ins, self.raw) if raw]
+        env = _inputs_env(self.spec, [np.broadcast_to(a._a, shape)
+                                      for a, raw in zip(ins, self.raw) if not raw])
         g = self.spec.body.graph
-        value = _evaluate(g.nodes, env)[g.outputs[0].id]
+        value = _evaluate(g.nodes, env, raws[0] if raws else None)[g.outputs[0].id]
         out._a[...] = np.broadcast_to(np.asarray(value).astype(out.dtype), shape)
         return out
 
@@ -370,6 +404,7 @@ class ReductionKernel:
         args = (in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name)
         self.spec = _spec_for("ReductionKernel", args, kwargs)
         self.in_types, self.out_types = _param_dtypes(in_params), _param_dtypes(out_params)
+        self.raw = _raw_params(in_params)
         self.real = REAL.ReductionKernel(*args, **kwargs) if REAL is not None else None
 
     def __call__(self, *ins, axis=None):
@@ -383,7 +418,9 @@ class ReductionKernel:
             from cupy._core import _reduction  # the real one (kept in sys.modules)
             _reduction._decide_params_type(self.real.in_params, self.real.out_params, dtypes,
                                            ())
-        arrays = np.broadcast_arrays(*(a._a for a in ins))
+        raws = [a._a for a, raw in zip(ins, self.raw) if raw]
+        err = raws[0] if raws else None
+        arrays = np.broadcast_arrays(*(a._a for a, raw in zip(ins, self.raw) if not raw))
         shape = arrays[0].shape
         axes = tuple(range(len(shape))) if axis is None else \
             tuple(sorted(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,))))
@@ -392,12 +429,12 @@ class ReductionKernel:
                   _cub_path(ins, shape, axes))] = self.spec
         g, red = self.spec.body.graph, self.spec.body.reduction
         pre, post = split_reduction(g.nodes, red)
-        env = _evaluate(pre, _inputs_env(self.spec, arrays))
+        env = _evaluate(pre, _inputs_env(self.spec, arrays), err)
         acc = ACCUMULATOR[self.spec.reduce_type]  # the C type the kernel accumulates in
         value = np.asarray(env[red.inputs[0].id]).astype(acc)
         env[red.out.id] = np.asarray(IMPL[red.prim](np.broadcast_to(value, shape), axes=axes)
                                      ).astype(acc)
-        env = _evaluate(post, env)
+        env = _evaluate(post, env, err)
         return ndarray(np.array(env[g.outputs[0].id], dtype=self.out_types[0]))
 
 
@@ -428,7 +465,27 @@ def _module_getattr(name):
 
 
 def _scatter_add(out, index, g):
-    np.add.at(out._a, unwrap(index), unwrap(g))
+    """CuPy's atomic adds apply in no set order: here, last update first (so a result that
+    relies on NumPy's order — ``np.add.at``'s, first to last — shows it)."""
+    a, ix = out._a, unwrap(index)
+    pos = np.arange(a.size).reshape(a.shape)[ix]
+    vals = np.broadcast_to(unwrap(g), pos.shape).reshape(-1)
+    np.add.at(a.reshape(-1), pos.reshape(-1)[::-1], vals[::-1])
+
+
+def _segment_sum(start, stop, vals):
+    """``cupy_scatter.segment_sum``: per segment, 0 + vals[start] + ... + vals[stop - 1] in
+    order (its C is compiled with NVRTC and run on the host by ``tests/test_cupy_scatter``)."""
+    lengths = (stop - start).reshape(-1)
+    seg = np.repeat(np.arange(lengths.size), lengths)
+    idx = np.repeat(start.reshape(-1), lengths) + np.arange(lengths.sum()) - \
+        np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out = np.zeros(lengths.size, vals.dtype)
+    np.add.at(out, seg, vals[idx])  # each segment's adds in order, from 0
+    return out.reshape(start.shape)
+
+
+MODELS = {"replicate_segment_sum": _segment_sum}  # kernels with loops, by name: NumPy models
 
 
 def _erf(x):
@@ -459,6 +516,8 @@ def _make_modules() -> dict:
     cp.sort = _checked(lambda a, axis=-1, kind=None: np.sort(a, axis, kind="stable"), "sort")
     cp.argsort = _checked(lambda a, axis=-1, kind=None: np.argsort(a, axis, kind="stable"),
                           "argsort")
+    cp.power = _checked(lambda a, b, *args, **kw: integer_power(a, b) if np.result_type(
+        a, b).kind in "iub" else np.power(a, b, *args, **kw), "power")  # CuPy's: never raises
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
     cp.cuda, nccl = _CUDA.make_cuda()
     cp.from_dlpack = _from_dlpack

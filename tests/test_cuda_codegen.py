@@ -161,3 +161,40 @@ def test_a_bfloat16_step_is_refused_by_the_cupy_backend_with_a_clear_error():
     with pytest.raises(rp.DTypeError, match="CuPy has no bfloat16.*JAX backend"):
         refuse_bfloat16(graph)
     refuse_bfloat16(rp.function(lambda x: rnp.exp(x)).graph(np.ones(3, np.float16)))  # fine
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) installed")
+def test_integer_helpers_give_numpys_values(tmp_path):
+    """The C the kernels call for integer ``//``, ``%`` and ``**`` (``cuda_ops.PREAMBLE``),
+    compiled for the host and run on every pair of edge values: NumPy's results where C leaves
+    the value undefined (x // 0 and x % 0 are 0, the most negative // -1 wraps), and a negative
+    exponent sets the error flag where NumPy raises."""
+    from replicate.backends.cuda_ops import PREAMBLE
+
+    rows, want = [], []
+    for t, dtype in (("int", np.int32), ("long long", np.int64)):
+        info = np.iinfo(dtype)
+        edge = np.array([info.min, info.min + 1, -7, -2, -1, 0, 1, 2, 3, 7, info.max], dtype)
+        a, b = (v.reshape(-1) for v in np.meshgrid(edge, edge))
+        small = (b > -5) & (b < 5)  # powers: small exponents (the products wrap, in C as in NumPy)
+        with np.errstate(all="ignore"):
+            pw = np.power(a[small], np.abs(b[small]))
+            want += [(int(v), 0) for v in np.floor_divide(a, b)]
+            want += [(int(v), 0) for v in np.remainder(a, b)]
+        want += [(0, 1) if e < 0 else (int(v), 0) for v, e in zip(pw, b[small])]
+        for name, (x, y) in (("_floordiv", (a, b)), ("_imod", (a, b)),
+                             ("_ipow", (a[small], b[small]))):
+            call = f"{name}<{t}>(x[i], y[i], &e)" if name == "_ipow" else f"{name}(x[i], y[i])"
+            rows.append(f"{{ const {t} x[] = {{{', '.join(f'({t}){v}LL' for v in x)}}};\n"
+                        f"  const {t} y[] = {{{', '.join(f'({t}){v}LL' for v in y)}}};\n"
+                        f"  for (int i = 0; i < {len(x)}; ++i) {{ int e = 0; {t} r = {call};\n"
+                        f"    printf(\"%lld %d\\n\", (long long)r, e); }} }}")
+    source = ("#include <cmath>\n#include <cstdio>\n#define __device__\n" + PREAMBLE +
+              "int main() {\n" + "\n".join(rows) + "\nreturn 0; }\n")
+    (tmp_path / "h.cpp").write_text(source)
+    built = subprocess.run(["g++", "-O1", "-fwrapv", "-o", "h", "h.cpp"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    got = subprocess.run(["./h"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr  # no SIGFPE: x // 0 and MIN // -1 never divide
+    assert [tuple(map(int, ln.split())) for ln in got.stdout.splitlines()] == want

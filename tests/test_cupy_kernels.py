@@ -279,3 +279,25 @@ def test_random_bits_are_the_reference_hash_made_on_the_device_and_compile():
             if s.name.startswith("replicate_random"))
     _compile_or_skip({k: s for k, s in cupy_standin.LAUNCHES.items()
                       if s.name.startswith("replicate_random")})
+
+
+def test_an_integer_to_a_negative_integer_power_raises_as_in_numpy():
+    """NumPy raises "Integers to negative integer powers are not allowed."; CuPy's ``power``
+    and a kernel's integer power by squaring gave 0 (1 or -1 for a base of 1 or -1) silently.
+    Fused (elementwise, in a reduction's prologue) and unfused, the call raises NumPy's error,
+    naming the user's line, from the flag read at its end; the kernels compile."""
+    cupy_standin.LAUNCHES.clear()
+    x, e = np.array([2, 3, 1], np.int32), np.array([1, -1, 2], np.int32)
+    steps = [(lambda a, b: a ** b + 1, {}), (lambda a, b: rnp.sum(a ** b * 2), {}),
+             (lambda a, b: a ** b, {"disable": {"fusion"}})]
+    for fn, opts in steps:
+        f = rp.function(fn, backend="cupy", options=opts)
+        with pytest.raises(ValueError, match="negative integer powers") as info:
+            f(x, e)
+        assert any("raised by pow(" in n and "test_cupy_kernels.py" in n
+                   for n in info.value.__notes__)
+        np.testing.assert_array_equal(f(x, np.abs(e)), rp.function(fn)(x, np.abs(e)))
+    fused = [s for s in cupy_standin.LAUNCHES.values() if s.body is not None]
+    assert len(fused) == 2 and all(s.flag and "raw int32 err_flag" in s.in_params
+                                   for s in fused)
+    _compile_or_skip(dict(cupy_standin.LAUNCHES))

@@ -299,3 +299,49 @@ def test_two_processes_over_every_transport(ranks):
 
 for _mark in needs_mpi:
     test_two_processes_over_every_transport = _mark(test_two_processes_over_every_transport)
+
+
+def test_variables_keep_one_device_buffer_written_in_place_and_never_the_callers():
+    """A step's commit writes each variable's new value into the device buffer it already has
+    (one address from step to step, no new buffer kept per step) with the reference's values; a
+    variable only written, or written with another's value, gets a buffer of its own; a device
+    result that is a variable (or a view of one) is a copy, not changed by the next step."""
+    import cupy
+
+    model, _, step, batches = _mlp()
+    ref_model, _, ref_step, _ = _mlp()
+    for p, q in zip(model.parameters().values(), ref_model.parameters().values()):
+        q.load(p.numpy())
+    f = rp.function(step, backend="cupy")
+    f(*batches[0])
+    state = f.executable(*batches[0]).graph.meta.updated  # parameters, Adam's moments, count
+    held = [v.held for v in state]
+    ptrs = [h.data.ptr for h in held]
+    for x, y in batches[1:]:
+        f(x, y)
+    assert len(state) > 4 and [v.held.data.ptr for v in state] == ptrs
+    assert all(v.held is h for v, h in zip(state, held))
+    g = rp.function(ref_step)
+    for x, y in batches:
+        g(x, y)
+    for p, q in zip(model.parameters().values(), ref_model.parameters().values()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-5, atol=1e-6)
+
+    w = rp.Variable(np.ones(3, np.float32), name="w_inplace")
+    v = rp.Variable(np.zeros(3, np.float32), name="v_written_only")
+
+    def h(x):
+        w.assign(w + x)
+        v.assign(w)
+        return w, w.reshape((3, 1))
+
+    fh = rp.function(h, backend="cupy")
+    read = rp.function(lambda x: (w, rnp.reshape(w, (3, 1)), x + 0), backend="cupy")
+    x = cupy.asarray(np.ones(3, np.float32))
+    r0, r1 = fh(x)
+    assert v.held is not w.held and r0 is not w.held
+    s0, s1, _ = read(x)  # w itself, and a view of it
+    fh(x)
+    for r in (r0, r1, s0, s1):
+        assert r.get().reshape(-1).tolist() == [2.0] * 3
+    assert w.numpy().tolist() == [3.0] * 3 and v.numpy().tolist() == [3.0] * 3

@@ -10,11 +10,12 @@ Each fused group becomes one kernel:
   value and constants: ``accepts`` tells the fusion pass so, and constants are inlined as
   literals).
 
-The per-primitive CUDA expressions are a rule table (``CUDA``) built from the primitives'
-declarations (``cuda=`` templates) plus the few whose expression depends on the type, checked
-for completeness with the other tables. ``standalone_source`` wraps a kernel into a complete
-``.cu`` translation unit so the code can be compiled with ``nvcc`` where a CUDA toolkit exists,
-without a GPU.
+The per-primitive CUDA expressions are a rule table (``CUDA``, ``cuda_ops.py``) built from the
+primitives' declarations (``cuda=`` templates) plus the few whose expression depends on the
+type, checked for completeness with the other tables. A group holding an integer power has an
+error flag (a last ``raw int32`` input) that a negative exponent sets: NumPy raises there.
+``standalone_source`` wraps a kernel into a complete ``.cu`` translation unit so the code can be
+compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
 
 What CuPy expects of the pieces (each checked in ``tests/test_cuda_codegen.py`` by building the
 kernels through CuPy's own machinery and compiling them with NVRTC, no GPU needed):
@@ -40,82 +41,19 @@ import numpy as np
 
 from ..dtypes import bfloat16
 from ..errors import DTypeError
-from ..graph.primitives import REGISTRY, RuleTable
+from ..graph.primitives import REGISTRY
+from .cuda_ops import CUDA, ERR, ERR_PARAM, PREAMBLE, max_expr, min_expr, needs_flag
 
 CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
          "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
          "bool": "bool"}
 
-PREAMBLE = """
-template <typename T> __device__ T _ipow(T a, T b) {
-  if (b < 0) return (a == 1) ? (T)1 : (a == -1) ? ((b & 1) ? (T)-1 : (T)1) : (T)0;
-  T r = 1;
-  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
-  return r;
-}
-template <typename T> __device__ T _floordiv(T a, T b) {
-  T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-template <typename T> __device__ T _imod(T a, T b) {
-  if (b == 0) return 0;
-  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-__device__ float _fmod(float a, float b) {
-  float r = fmodf(a, b);
-  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysignf(0.0f, b);
-}
-__device__ double _fmod(double a, double b) {
-  double r = fmod(a, b);
-  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysign(0.0, b);
-}
-"""
-
-
-def _max(a, b):  # NaN-propagating, as NumPy's maximum
-    return f"(({a} > {b} || {a} != {a}) ? {a} : {b})"
-
-
-def _min(a, b):
-    return f"(({a} < {b} || {a} != {a}) ? {a} : {b})"
-
-
-def _div(a, b, t):
-    return f"({a} / {b})" if t in ("float", "double", "float16") else f"_floordiv({a}, {b})"
-
-
-def _mod(a, b, t):
-    """NumPy's remainder: the result has the divisor's sign (an integer mod 0 is 0, as NumPy)."""
-    return f"_fmod({a}, {b})" if t in ("float", "double") else f"_imod({a}, {b})"
-
-
-def _pow(a, b, t):
-    """Floats through CUDA's ``pow``; integers by squaring (CUDA has no integer ``pow``); a
-    negative integer exponent gives 0 (1 or -1 for a base of 1 or -1), as CuPy's ``power``."""
-    return f"(({t})pow({a}, {b}))" if t in ("float", "double") else f"_ipow<{t}>({a}, {b})"
-
-
-def _template(text):
-    """A declaration's ``cuda=`` template as a rule: operands {a}, {b}, {c}; result type {t}."""
-    def rule(*args, t, **_):
-        return text.format(t=t, **dict(zip("abc", args)))
-    return rule
-
-
-# prim -> fn(*argument expressions, t=output C type, attrs) -> expression
-CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items() if p.cuda})
-CUDA.update({  # expressions that depend on the type
-    "div": lambda a, b, t, **_: _div(a, b, t),
-    "maximum": lambda a, b, t, **_: _max(a, b), "minimum": lambda a, b, t, **_: _min(a, b),
-    "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": lambda a, b, t, **_: _pow(a, b, t),
-})
-
-
 REDUCE = {  # prim -> (reduce_expr, identity(dtype of the accumulator))
     "reduce_sum": ("a + b", lambda d: "0"),
     "reduce_prod": ("a * b", lambda d: "1"),
-    "reduce_max": (_max("a", "b"),
+    "reduce_max": (max_expr("a", "b"),
                    lambda d: literal(-np.inf, d) if d.kind == "f" else _int_limit(d, "min")),
-    "reduce_min": (_min("a", "b"),
+    "reduce_min": (min_expr("a", "b"),
                    lambda d: literal(np.inf, d) if d.kind == "f" else _int_limit(d, "max")),
 }
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -185,6 +123,7 @@ class KernelSpec:
     identity: str = ""
     preamble: str = ""
     params: tuple = ()        # indices of the fused node's inputs passed to the kernel
+    flag: bool = False        # a last ``raw int32`` input: the error flag (``cuda_ops``)
     axes: tuple = ()          # reduction axes
     red_shape: tuple = ()     # the reduction's input shape (inputs are broadcast to it)
     reduce_type: str = ""     # C type the reduction accumulates in
@@ -297,13 +236,17 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
             np_decls.append(f"{dtype_name(x.dtype)} in{len(params)}")
             c_decls.append(f"{ctype(x.dtype)} in{len(params)}")
             params.append(i)
+    flag = any(needs_flag(n) for n in g.nodes)  # the kernel's error flag, its last input
+    if flag:
+        np_decls.append(f"raw int32 {ERR_PARAM}")
+    err_arg = f"(int*)&{ERR_PARAM}[0]"  # (CuPy passes a raw input as a const CArray)
     out_t = ctype(node.out.dtype)
     out_params = f"{dtype_name(node.out.dtype)} out0"
     dtypes = [x.dtype for x in g.inputs] + [n.out.dtype for n in g.nodes]
-    common = dict(params=tuple(params), out_shape=tuple(node.out.shape), body=body,
+    common = dict(params=tuple(params), flag=flag, out_shape=tuple(node.out.shape), body=body,
                   consts=consts)
     if body.reduction is None:
-        lines = _statements(g.nodes, names)
+        lines = ([f"int* {ERR} = {err_arg};"] if flag else []) + _statements(g.nodes, names)
         lines.append(f"out0 = {names[g.outputs[0].id]};")
         return KernelSpec("elementwise", name, ", ".join(np_decls), out_params,
                           operation="\n".join(lines),
@@ -314,7 +257,8 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
     red_t = ctype(acc)
     # prologue: a device function of the kernel's inputs
     pre_lines = _statements(pre, names)
-    call_args = ", ".join(f"in{j}" for j in range(len(params)))
+    call_args = ", ".join([f"in{j}" for j in range(len(params))] + [err_arg] * flag)
+    c_decls += [f"int* {ERR}"] * flag
     in0_t = ctype(g.inputs[params[0]].dtype) if params else red_t
     preamble = [_includes(dtypes) + PREAMBLE.strip(),
                 # CuPy's CUB path (one contiguous input) reads these names
@@ -332,12 +276,12 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
     if not _keeps_shape(post, red):
         raise NotImplementedError("an epilogue op changes the reduced value's shape")
     result = post_names[g.outputs[0].id]
-    preamble += [f"__device__ {out_t} {name}_post({red_t} a) {{",
+    preamble += [f"__device__ {out_t} {name}_post({red_t} a{f', int* {ERR}' * flag}) {{",
                  *["  " + s for s in post_lines], f"  return ({out_t}){result};", "}"]
     reduce_expr, identity = REDUCE[red.prim]
     return KernelSpec("reduction", name, ", ".join(np_decls), out_params,
                       map_expr=f"{name}_map({call_args})", reduce_expr=reduce_expr,
-                      post_map_expr=f"out0 = {name}_post(a)",
+                      post_map_expr=f"out0 = {name}_post(a{f', {err_arg}' * flag})",
                       identity=identity(acc), preamble="\n".join(preamble),
                       axes=tuple(red.attrs["axes"]), red_shape=tuple(red.inputs[0].shape),
                       reduce_type=red_t, **common)
@@ -351,9 +295,11 @@ def standalone_source(spec: KernelSpec) -> str:
     def c_param(p):
         dtype, name = p.rsplit(" ", 1)
         return ctype(dtype), name
-    params = [c_param(p.strip()) for p in spec.in_params.split(",") if p.strip()]
+    params = [c_param(p.strip()) for p in spec.in_params.split(",")
+              if p.strip() and not p.strip().startswith("raw ")]
     out_t, out_name = c_param(spec.out_params)
-    ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in params]
+    ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in params] + \
+        [f"int* {ERR_PARAM}"] * spec.flag  # the error flag: a pointer, read as err_flag[0]
     loads = [f"    const {t} {n} = {n}_p[i];" for t, n in params]
     head = "#include <cmath>\n#include <math_constants.h>\n"
     sig = ", ".join(ptrs + [f"{out_t}* __restrict__ {out_name}_p", "long long n"])

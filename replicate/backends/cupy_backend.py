@@ -10,7 +10,8 @@
   as NumPy, made on the device;
 * other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
   module, float16 operands in float32 as the reference, with device versions where a row is
-  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add): no row ever calls
+  NumPy's own (the logistic, erf, einsum's path search, top-k, scatter-add — in NumPy's order,
+  with no atomics: ``cupy_scatter.py``): no row ever calls
   ``numpy`` on a device array; ``local_reduce`` (the in-process combine of the replicas) is one
   of them, on the device;
 * communication nodes go through the process's transport (``cupy_comm.py``): NCCL when each
@@ -20,7 +21,9 @@ Device-resident (``DEVICE``, ``cupy_device.py``): ``run`` takes host or device a
 returns device arrays; a step keeps its variables on the device between calls, constants are
 copied up once, at lowering, and ``DEVICE.transfers`` counts every byte that crosses.
 Index arrays are bounds-checked (CuPy wraps an out-of-range index around, NumPy raises): on the
-host before they go up when they are batch leaves, else on the device (``cupy_index.py``).
+host before they go up when they are batch leaves, else on the device (``cupy_index.py``); an
+integer to a negative integer power sets a flag on the device (NumPy raises, a kernel cannot);
+the flags of a call are read together, once, at its end.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import MOVES, table
 from . import cuda_codegen, cuda_random
 from .base import Executable
+from .cuda_ops import POW_MESSAGE
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
 from .cupy_index import IndexChecks
+from .cupy_scatter import ScatterAdd
 from .numpy_backend import kernels
 
 place()  # GPU (local rank % device count)
@@ -62,7 +67,11 @@ def _compile(spec):
     return kernel
 
 
-def _fused_fn(node, consts, index):
+def _pow_error():
+    return ValueError(POW_MESSAGE)
+
+
+def _fused_fn(node, consts, index, checks):
     try:
         spec = cuda_codegen.generate(node, consts, f"replicate_fused_{index}")
     except NotImplementedError as e:  # fusion asked ``fusion_accepts``: this is a bug, not a path
@@ -70,16 +79,22 @@ def _fused_fn(node, consts, index):
                              f"({e}); please report it") from None
     kernel = _compile(spec)
     shape, dtype = node.out.shape, node.out.dtype
+
+    def flag():  # the kernel's error flag, read at the call's end (NumPy raises at once)
+        err = cupy.zeros((1,), cupy.int32)
+        checks.add(err, node, _pow_error)
+        return [err]
+
     if spec.kind == "elementwise":
         def run(*xs):
             out = cupy.empty(shape, dtype)
-            kernel(*[xs[i] for i in spec.params], out)
+            kernel(*[xs[i] for i in spec.params], *(flag() if spec.flag else ()), out)
             return out
         return run
 
     def reduce(*xs):
         args = [cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params]
-        out = kernel(*args, axis=spec.axes)
+        out = kernel(*args, *(flag() if spec.flag else ()), axis=spec.axes)
         if out.shape != shape or out.dtype != dtype:  # never a silently wrong shape
             raise ReplicateError(f"internal error: fused group {node.attrs['body']} made "
                                  f"{out.dtype}{list(out.shape)}, not {dtype}{list(shape)}; "
@@ -103,9 +118,16 @@ def _random_uniform(key, shape, dtype):
     return ((bits >> cupy.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
 
 
+_SCATTER_ADD = ScatterAdd(cupy)
+
+
 def _scatter_add(g, *idx, index, shape):
+    """As ``np.add.at``, in its order (``cupy_scatter.py``; ``cupyx.scatter_add``'s atomics
+    would make the sums' rounding vary run to run)."""
+    if idx:
+        return _SCATTER_ADD(g, index_tuple(index, idx), shape)
     out = cupy.zeros(shape, g.dtype)
-    cupyx.scatter_add(out, index_tuple(index, idx), g)
+    out[index_tuple(index, idx)] = g  # no index arrays: no element is updated twice
     return out
 
 
@@ -153,11 +175,27 @@ def _op_fn(node, checks):
     attrs, dtype = node.attrs, node.out.dtype
     if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
         return checks.wrap(fn, node)  # bounds checked (CuPy wraps around, NumPy raises)
+    int_pow = node.prim == "pow" and np.dtype(dtype).kind != "f"  # CuPy: 0 where NumPy raises
 
     def run(*xs):
+        if int_pow:
+            checks.add(xs[1] < 0, node, _pow_error)
         value = cupy.asarray(fn(*xs, **attrs))
         return value if value.dtype == dtype else value.astype(dtype)
     return run
+
+
+_VIEWS = frozenset({"reshape", "transpose", "broadcast_to", "getitem", "stop_gradient",
+                    "custom_vjp"})  # rows that may return (a view of) their first operand
+
+
+def _views_of_inputs(graph, slot) -> set:
+    """Slots of the values that may share memory with a graph input."""
+    views = set(range(len(graph.inputs)))
+    for node in graph.nodes:
+        if node.prim in _VIEWS and slot[node.inputs[0].id] in views:
+            views.add(slot[node.out.id])
+    return views
 
 
 def lower(graph):
@@ -176,12 +214,13 @@ def lower(graph):
         if node.prim == "fused":
             scalars = {i: producer[x.id].attrs["value"] for i, x in enumerate(node.inputs)
                        if x.id in producer and producer[x.id].prim == "const" and x.size == 1}
-            fn = _fused_fn(node, scalars, k)
+            fn = _fused_fn(node, scalars, k, checks)
         else:
             fn = _op_fn(node, checks)
         steps.append((fn, tuple(slot[i.id] for i in node.inputs), slot[node.out.id], node))
     n_in = len(graph.inputs)
-    outputs = [(slot[o.id], slot[o.id] in consts) for o in graph.outputs]
+    views = _views_of_inputs(graph, slot)
+    outputs = [(slot[o.id], slot[o.id] in consts or slot[o.id] in views) for o in graph.outputs]
 
     def run(inputs):
         if len(inputs) != n_in:
@@ -196,7 +235,8 @@ def lower(graph):
                 note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
         checks.after()
-        # a constant leaves as a copy: the one kept for the next call is never the caller's
+        # a constant, or an input (or a view of one: a variable's buffer, written in place by
+        # the next commit), leaves as a copy: what is kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 
     return Executable(graph, run, kernels(graph), DEVICE)

@@ -1,7 +1,8 @@
 """The CuPy backend's device memory: which arrays are its own, the copies to and from the host
 (each counted, in bytes: ``DEVICE.transfers``), and which GPU this process uses.
 
-The step keeps the variables here between calls (``replicate/step.py``), so a steady-state step
+The step keeps the variables here between calls (``replicate/step.py``), each in one buffer that
+a step's commit writes in place (``write_into``), so a steady-state step
 copies up only its batch and copies down only its results — those in one transfer
 (``to_host_many`` packs them into one buffer first: one synchronisation, not one per result).
 
@@ -67,6 +68,11 @@ class CupyDevice(Device):
             out[i] = flat[offset:offset + part.size].view(x.dtype).reshape(x.shape).copy()
             offset += part.size
         return out
+
+    def write_into(self, dst, src) -> None:
+        """``src``'s values into device array ``dst`` (same shape and dtype): a device copy, no
+        allocation — a variable keeps one buffer, at one address, from step to step."""
+        cupy.copyto(dst, src)
 
     def finite(self, x) -> bool:
         """Whether every value is finite: one reduction here, one byte copied down."""

@@ -9,6 +9,10 @@ NumPy raises ``IndexError``, so every index array is checked — without a synch
   call returns — so before any variable is written.
 
 Either way the error is NumPy's message, raised by the op and the user's line that indexed.
+
+The same end-of-call read carries the other values NumPy raises on and a kernel cannot: an
+integer raised to a negative integer power (``add``: the error flag a generated kernel writes,
+``cuda_ops.py``, or the unfused ``pow``'s own check).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ class IndexChecks:
 
     def __init__(self, graph, cupy, device):
         self.cp, self.device = cupy, device
-        self.flags: list = []      # this call's (device flag, node, index arrays)
+        self.flags: list = []      # this call's (device flag, node, error maker)
         self.on_host: set = set()  # ids of the nodes whose index arrays were checked there
         self.plans: list = []      # (node, [(graph input position, axis, axis size)])
         producer = {n.out.id: n for n in graph.nodes}
@@ -61,10 +65,16 @@ class IndexChecks:
             if id(node) not in self.on_host:
                 flag = index_bounds_flag(shape, attrs["index"], idx, self.cp)
                 if flag is not None:
-                    self.flags.append((flag, node, idx))
+                    self.add(flag, node, lambda: IndexError(index_bounds_error(
+                        shape, attrs["index"], [self.device.to_host(i) for i in idx])))
             value = self.cp.asarray(fn(x, *idx, **attrs))
             return value if value.dtype == dtype else value.astype(dtype)
         return run
+
+    def add(self, flag, node, error) -> None:
+        """Raise ``error()`` (from ``node``, at the call's end) if device value ``flag`` (any
+        shape: any nonzero element) is set."""
+        self.flags.append((flag, node, error))
 
     def before(self, inputs) -> None:
         """Check the index arrays that are host inputs of this call (raises IndexError)."""
@@ -86,15 +96,17 @@ class IndexChecks:
         """Read this call's device flags (one transfer) and raise for the first that is set."""
         if not self.flags:
             return
-        hits = self.device.to_host(self.cp.stack([flag for flag, _, _ in self.flags]))
-        for hit, (_, node, idx) in zip(hits, self.flags):
+        cp = self.cp
+        hits = self.device.to_host(cp.concatenate([(flag != 0).reshape(-1).any().reshape(1)
+                                                   for flag, _, _ in self.flags]))
+        for hit, (_, node, error) in zip(hits, self.flags):
             if hit:
-                host = [self.device.to_host(i) for i in idx]
-                _raise(node, index_bounds_error(_shape(node), node.attrs["index"], host))
+                _raise(node, error())
 
 
-def _raise(node, message):
-    error = IndexError(message)
+def _raise(node, error):
+    if isinstance(error, str):
+        error = IndexError(error)
     note_failure(error, node, [])
     raise error
 

@@ -1,0 +1,94 @@
+"""The per-primitive CUDA expressions of fused kernels (``CUDA``, a rule table) and the device
+helpers they call (``PREAMBLE``), for ``cuda_codegen.py``.
+
+Where the reference raises on a value (``np.power`` of an integer to a negative integer power:
+"Integers to negative integer powers are not allowed.") the generated code cannot raise: it
+writes 1 to an error flag (``*_err``), a ``raw int32`` parameter of the kernel that the backend
+reads once per call (``cupy_index.DeviceChecks``) and turns into NumPy's error. Where the
+reference gives a value for what C leaves undefined (an integer divided by 0 is 0, the most
+negative integer divided by -1 wraps), the helpers give NumPy's value, not the hardware's.
+"""
+
+from __future__ import annotations
+
+from ..graph.primitives import REGISTRY, RuleTable
+
+ERR = "_err"             # the C name of the flag pointer inside a kernel's code
+ERR_PARAM = "err_flag"   # the kernel's ``raw int32`` parameter it points into
+POW_MESSAGE = "Integers to negative integer powers are not allowed."  # NumPy's
+
+PREAMBLE = """
+template <typename T> __device__ T _ipow(T a, T b, int* err) {
+  if (b < 0) { *err = 1; return 0; }
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+template <typename T> __device__ T _floordiv(T a, T b) {
+  if (b == 0) return 0;
+  if (b < 0 && b == (T)-1) return (T)(0ull - (unsigned long long)a);
+  T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> __device__ T _imod(T a, T b) {
+  if (b == 0 || (b < 0 && b == (T)-1)) return 0;
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ float _fmod(float a, float b) {
+  float r = fmodf(a, b);
+  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysignf(0.0f, b);
+}
+__device__ double _fmod(double a, double b) {
+  double r = fmod(a, b);
+  return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysign(0.0, b);
+}
+"""
+
+
+def max_expr(a, b):  # NaN-propagating, as NumPy's maximum
+    return f"(({a} > {b} || {a} != {a}) ? {a} : {b})"
+
+
+def min_expr(a, b):
+    return f"(({a} < {b} || {a} != {a}) ? {a} : {b})"
+
+
+FLOATS = ("float", "double", "float16")
+
+
+def _div(a, b, t):
+    return f"({a} / {b})" if t in FLOATS else f"_floordiv({a}, {b})"
+
+
+def _mod(a, b, t):
+    """NumPy's remainder: the result has the divisor's sign (an integer mod 0 is 0, as NumPy)."""
+    return f"_fmod({a}, {b})" if t in ("float", "double") else f"_imod({a}, {b})"
+
+
+def _pow(a, b, t):
+    """Floats through CUDA's ``pow``; integers by squaring (CUDA has no integer ``pow``), a
+    negative exponent setting the kernel's error flag (NumPy raises)."""
+    return f"(({t})pow({a}, {b}))" if t in ("float", "double") else f"_ipow<{t}>({a}, {b}, {ERR})"
+
+
+def needs_flag(node) -> bool:
+    """Whether ``node`` (of a fused body) can set the error flag: an integer power."""
+    return node.prim == "pow" and node.out.dtype.kind != "f"
+
+
+def _template(text):
+    """A declaration's ``cuda=`` template as a rule: operands {a}, {b}, {c}; result type {t}."""
+    def rule(*args, t, **_):
+        return text.format(t=t, **dict(zip("abc", args)))
+    return rule
+
+
+# prim -> fn(*argument expressions, t=output C type, attrs) -> expression
+CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items() if p.cuda})
+CUDA.update({  # expressions that depend on the type
+    "div": lambda a, b, t, **_: _div(a, b, t),
+    "maximum": lambda a, b, t, **_: max_expr(a, b), "minimum": lambda a, b, t, **_: min_expr(a, b),
+    "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": lambda a, b, t, **_: _pow(a, b, t),
+})
+
+__all__ = ["CUDA", "ERR", "ERR_PARAM", "POW_MESSAGE", "PREAMBLE", "max_expr", "min_expr",
+           "needs_flag"]
