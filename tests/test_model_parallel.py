@@ -4,7 +4,9 @@ device, the GPipe schedule, micro-batches, and the errors for what cannot work.
 The structural tests compile each device's part in this one process (``model_parallel.step_graph``
 for device d: nothing is sent); the oracle across processes — m-way model parallel x R-way data
 parallel with M micro-batches gives the parameters of one device with batch R*B — runs under
-``mpiexec`` (``tests/programs/model_parallel_mpi.py``: 2, 3 and 4 processes).
+``mpiexec`` (``tests/programs/model_parallel_mpi.py``: 2, 3 and 4 processes), with what a
+newcomer meets where the Variables live on their devices: the memory split, reading a Variable
+on another device's process, checkpoints in the middle of a run, check_finite and check_sync.
 """
 
 from __future__ import annotations
@@ -294,9 +296,10 @@ def test_micro_batches_are_replicas_for_the_divergence_check():
 @pytest.mark.mpi
 @needs_mpi[1]
 @pytest.mark.parametrize("n, configs", [
-    (2, ["2,1,1", "2,3,1", "2,2,2", "1,2,2", "per_replica", "mismatch"]),
+    (2, ["2,1,1", "2,3,1", "2,2,2", "1,2,2", "per_replica", "mismatch", "newcomer",
+         "finite"]),
     (3, ["3,2,1"]),
-    (4, ["2,2,1", "4,2,1", "2,1,2"]),  # 4 processes on 2 cores: oversubscribed
+    (4, ["2,2,1", "4,2,1", "2,1,2", "diverged"]),  # 4 processes on 2 cores: oversubscribed
 ])
 def test_model_parallel_oracle_across_processes(n, configs):
     result = mpirun("model_parallel_mpi.py", *configs, n=n)
