@@ -8,8 +8,10 @@ every device's subgraph still exists:
   (source, destination, shape), each collective's device, each result's and update's device —
   or ``CollectiveMismatchError`` names the lines; a parameter (a Variable the step differentiates
   and updates) is read only on the device that updates it, or ``PlacementError`` names both
-  lines (other Variables — optimiser state, a loss scale — may be read anywhere: every process
-  holds every Variable's value of the last step);
+  lines (other Variables — a loss scale, the step counter — may be read anywhere: a Variable
+  updated on one device and read on another gets its update sent there);
+* ``homes``: the Variables that live on one device (updated there, read nowhere else: a
+  parameter, its optimiser state), which ``split_devices`` keeps there;
 * ``pipeline_order`` (after the collective rewrite): the GPipe schedule — the forward pass of
   every micro-batch, then their backward passes (last micro-batch first), then what needs them
   all (the gradient exchange, the update) — as one order of the whole graph, which every
