@@ -5,12 +5,14 @@
 
 The first half of the layers runs on logical device 0 (process 0), the second half and the loss
 on device 1 (process 1); activations go forward and their gradients back as point-to-point
-messages, each device updates its own layers. With M micro-batches a step runs the forward pass
-of every micro-batch, then every backward pass, then one update, so a device waits at the
-start and at the end of the pipeline: the GPipe bubble, (m-1)/(M+m-1) of the step for m
-devices. For each M this prints the step time and the measured bubble — the share of the step
-each process spent waiting to receive a value — beside the formula, and the one-device step
-time on the same batch (process 0 alone, for the speed-up).
+messages, each device updates its own layers (and holds only them and their optimiser state
+between steps: the Variables' memory is split, and no update is sent). With M micro-batches a
+step runs the forward pass of every micro-batch, then every backward pass, then one update, so a
+device waits at the start and at the end of the pipeline: the GPipe bubble, (m-1)/(M+m-1) of
+the step for m devices. For each M this prints the step time and the measured bubble — the
+share of the step each process spent waiting to receive a value — beside the formula, and the
+one-device step time on the same batch (process 0 alone, for the speed-up); for the last M, what
+each process holds between steps and sends per step.
 """
 
 from __future__ import annotations
@@ -54,12 +56,19 @@ def make_step(stages, params, opt, devices: int):
 
 
 def timed(rep, steps: int, warmup: int):
-    """Seconds per step and the share of it spent waiting in receives (this process)."""
+    """Seconds per step, the share of it spent waiting in receives, the last loss, and (this
+    process) the bytes sent per step and the bytes of Variables held between two steps."""
     rep.run(warmup)
-    waited, t0 = p2p.WAITED[0], time.perf_counter()
-    hist = rep.run(steps)
+    held = [0]
+
+    def measure(rep, step, outputs):  # (a Variable living on the other device: not held here)
+        held[0] = sum(v.value.nbytes for v in rep.variables() if v.released is None)
+
+    waited, sent, t0 = p2p.WAITED[0], p2p.SENT[0], time.perf_counter()
+    hist = rep.run(steps, callbacks=[measure])
     seconds = (time.perf_counter() - t0) / steps
-    return seconds, (p2p.WAITED[0] - waited) / steps / seconds, float(hist[-1]["loss"])
+    return (seconds, (p2p.WAITED[0] - waited) / steps / seconds, float(hist[-1]["loss"]),
+            (p2p.SENT[0] - sent) / steps, held[0])
 
 
 def main(argv=None):
@@ -89,11 +98,16 @@ def main(argv=None):
     for micro in args.micro_batches:
         rep = rp.Replicator(input_fn, make_step(stages, params, opt, 2), logical_devices=2,
                             micro_batches=micro)
-        seconds, waiting, loss = timed(rep, args.steps, args.warmup)
-        everyone = rp.host.all_gather(np.array([seconds, waiting]))  # (both processes)
+        seconds, waiting, loss, sent, held = timed(rep, args.steps, args.warmup)
+        everyone = rp.host.all_gather(np.array([seconds, waiting, sent, held]))  # (both)
         rows.append((micro, everyone[:, 0].max(), everyone[:, 1], loss))
         if micro == args.micro_batches[-1] and rp.is_main_process():
             print(rep.compiled_graph().meta.pipeline)
+            total = sum(v.value.nbytes for v in rep.variables())  # (after run: all here)
+            print(f"Variables held between steps: {everyone[0, 3] / 2**20:.2f} MiB (process 0), "
+                  f"{everyone[1, 3] / 2**20:.2f} MiB (process 1) of {total / 2**20:.2f} MiB; "
+                  f"sent per step: {everyone[0, 2] / 2**10:.0f} KiB (process 0), "
+                  f"{everyone[1, 2] / 2**10:.0f} KiB (process 1)")
 
     one = np.zeros(1)  # one device, the same model and batch, on process 0 alone
     if rp.is_main_process():

@@ -13,8 +13,9 @@ each) and whose batch is cut into ``where.micro`` micro-batches:
    device of the other replica groups, on their own communicator); with m > 1
    ``pipeline_order`` (GPipe: every forward, every backward, the update); CSE (the k·M copies
    of what follows the gradient exchange become one, transfers included);
-4. with m > 1, ``split_devices`` (this device's part: transfers become send/recv, results and
-   updates reach every device);
+4. with m > 1, ``split_devices`` (this device's part: transfers become send/recv, results reach
+   every device; a Variable that lives on one device is fed and updated there only, and
+   ``MicroBatchedStep.commit`` drops the other processes' copies: ``Variable.release``);
 5. the merge of the updates, DCE, and the backend's passes as for any step.
 
 Every process compares the whole replica's placement (transfers, collectives and their devices,
@@ -25,6 +26,7 @@ error naming the lines on every process, not a hang.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -163,13 +165,34 @@ def step_graph(fn, batches, contexts, where: Where, input_fn=None):
     return graph
 
 
+class Home(NamedTuple):
+    """Where a Variable lives (``Variable.home``): logical ``device`` of the replica whose
+    processes share communicator ``comm``; ``where``: the same in words, for errors."""
+
+    comm: str | None
+    device: int
+    where: str
+
+
 class MicroBatchedStep(CompiledStep):
     """A compiled step fed the replicas' whole batches: ``run`` cuts each leaf into the
-    micro-batches it was traced for."""
+    micro-batches it was traced for. With logical devices ``commit`` writes this device's
+    updates and drops this process's copy of each Variable that lives on another device."""
 
-    def __init__(self, graph, executable, schedule, micro: int):
+    def __init__(self, graph, executable, schedule, micro: int, where: Where = Where()):
         super().__init__(graph, executable, schedule)
         self.micro = micro
+        self.where = w = where
+        self.homes = [(var, Home(w.replica_comm, d, f"logical device {d} of replica group "
+                                 f"{w.group} (rank {w.group * w.m + d})"))
+                      for var, d in graph.meta.homes]
+
+    def commit(self, values: list) -> None:
+        super().commit(values)
+        for var, home in self.homes:
+            var.home = home
+            if home.device != self.where.device:
+                var.release(home.where)
 
     def run(self, leaves: list, keep_inputs: bool = False):
         M = self.micro
@@ -190,8 +213,8 @@ def compile_step(fn, batches, contexts, where: Where, *, backend, options=None, 
                                   num_ranks=num_ranks, rank=rank)
     graph = step_graph(fn, batches, contexts, where, input_fn)
     return MicroBatchedStep(graph, compile_graph(graph, backend, options),
-                            graph.meta.collective_schedule, where.micro)
+                            graph.meta.collective_schedule, where.micro, where)
 
 
-__all__ = ["MicroBatchedStep", "Where", "compile_step", "micro_contexts", "split_batch",
+__all__ = ["Home", "MicroBatchedStep", "Where", "compile_step", "micro_contexts", "split_batch",
            "step_graph"]

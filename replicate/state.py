@@ -20,7 +20,13 @@ import weakref
 import numpy as np
 
 from .dtypes import as_dtype, is_supported
-from .errors import NumpyConversionError, ReplicateError, source_line, user_frame
+from .errors import (
+    NumpyConversionError,
+    PlacementError,
+    ReplicateError,
+    source_line,
+    user_frame,
+)
 from .graph.core import (
     Array,
     concrete,
@@ -114,6 +120,8 @@ class Variable:
         # per replica: (replicas in this process, ...); until a step uses it, the one starting
         # value every replica begins from (leading axis 1, ``_fresh``)
         self._device = None  # (Device, array): the value in a device backend's memory
+        self._away = None  # model parallelism: (where it lives, shape, dtype) while not here
+        self.home = None  # model parallelism: set by runtime/owners.py where it lives on a device
         self.value = value[None].copy() if per_replica else value
         self._fresh = self.per_replica
         self._eager: Array | None = None
@@ -134,23 +142,49 @@ class Variable:
     def value(self) -> np.ndarray:
         """The value as a NumPy array (copied from the device if a device step wrote it)."""
         if self._host is None:
-            device, array = self._device
+            device, array = self._device if self._away is None else self._elsewhere()
             self._host = device.to_host(array)
         return self._host
 
     @value.setter
     def value(self, value) -> None:
-        self._host, self._device = value, None
+        self._host, self._device, self._away = value, None, None
 
     @property
     def held(self):
         """The newest value where it is (a NumPy or a device array), without copying."""
+        if self._away is not None:
+            self._elsewhere()
         return self._host if self._host is not None else self._device[1]
+
+    # Model parallelism: a Variable that lives on one logical device of a replica (a parameter,
+    # its optimiser state) is updated there only; on the replica's other processes it holds no
+    # value (``release``) until a sync point gives it the current one (``load``): the end of
+    # ``Replicator.run``, a checkpoint (``runtime/owners.py``). Reading it meanwhile is an error.
+    def release(self, where: str) -> None:
+        """Drop this process's copy: the current value lives ``where`` (for the error)."""
+        if self._away is None:
+            self._away = (where, self.shape, self.dtype)
+        self._host, self._device, self._eager = None, None, None
+
+    @property
+    def released(self) -> str | None:
+        """Where the value lives while this process holds none (model parallelism), or None."""
+        return None if self._away is None else self._away[0]
+
+    def _elsewhere(self):
+        raise PlacementError(
+            f"Variable {self.name!r} lives on {self._away[0]}: with model parallelism "
+            "(Replicator(logical_devices=m)) its update stays on that device, and this process "
+            "holds no current value of it between the steps of Replicator.run. Read it after "
+            "run() returns (every process then holds every Variable), from a checkpoint "
+            "(rp.checkpoint.save / rp.callbacks.Checkpoint, called on every rank, gather it), "
+            "or on that device's process.")
 
     @property
     def on_device(self):
         """The ``Device`` holding the newest value, or None when the host holds it."""
-        return self._device[0] if self._host is None else None
+        return self._device[0] if self._host is None and self._device is not None else None
 
     def device_value(self, device):
         """The value in ``device``'s memory: copied up once, then kept there."""
@@ -159,8 +193,9 @@ class Variable:
         return self._device[1]
 
     # (a per-replica variable: one replica's value)
-    shape = property(lambda self: self.held.shape[1:] if self.per_replica else self.held.shape)
-    dtype = property(lambda self: self.held.dtype)
+    shape = property(lambda self: self._away[1] if self._away is not None else
+                     self.held.shape[1:] if self.per_replica else self.held.shape)
+    dtype = property(lambda self: self._away[2] if self._away is not None else self.held.dtype)
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
 
@@ -250,7 +285,7 @@ class Variable:
                                      f"{value.shape} are not (replicas,) + {self.shape}")
             self._fresh = False
         if on_device:
-            self._host, self._device = None, (device, value)
+            self._host, self._device, self._away = None, (device, value), None
         else:
             self.value = value
         self._eager = None
@@ -310,7 +345,8 @@ class Variable:
 
     def __repr__(self) -> str:
         kind = ", per_replica=True" if self.per_replica else ", local=True" if self.local else ""
-        where = f", on {self.on_device.name}" if self.on_device is not None else ""
+        where = f", on {self.on_device.name}" if self.on_device is not None else \
+            f", lives on {self.released}" if self.released else ""
         return f"Variable({self.name!r}, shape={self.shape}, dtype={self.dtype}{kind}{where})"
 
 

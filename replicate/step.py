@@ -184,13 +184,14 @@ class CompiledStep:
         memory; the batch leaves are copied up (device arrays pass as they are) and the results
         copied down in one transfer (``on_device``: left on the device)."""
         meta, device = self.graph.meta, self.executable.device
-        state.note_input_thread_reads(meta.variables)
+        fed = meta.variables if meta.fed is None else meta.fed  # (logical devices: its own)
+        state.note_input_thread_reads(fed)
         if getattr(state.hooks, "values", None):  # an actor thread: its published copy
-            inputs = leaves + [state.value_of(v) for v in meta.variables]
+            inputs = leaves + [state.value_of(v) for v in fed]
         elif device is None:
-            inputs = leaves + [v.value for v in meta.variables]
+            inputs = leaves + [v.value for v in fed]
         else:
-            inputs = leaves + [v.device_value(device) for v in meta.variables]  # (``run``
+            inputs = leaves + [v.device_value(device) for v in fed]  # (``run``
             # copies the leaves up: host index arrays among them are bounds-checked first)
         if keep_inputs:  # (device arrays stay there: copied down only if the NaN finder runs)
             self.last_inputs = inputs

@@ -4,7 +4,9 @@ device, the GPipe schedule, micro-batches, and the errors for what cannot work.
 The structural tests compile each device's part in this one process (``model_parallel.step_graph``
 for device d: nothing is sent); the oracle across processes — m-way model parallel x R-way data
 parallel with M micro-batches gives the parameters of one device with batch R*B — runs under
-``mpiexec`` (``tests/programs/model_parallel_mpi.py``: 2, 3 and 4 processes).
+``mpiexec`` (``tests/programs/model_parallel_mpi.py``: 2, 3 and 4 processes), with what a
+newcomer meets where the Variables live on their devices: the memory split, reading a Variable
+on another device's process, checkpoints in the middle of a run, check_finite and check_sync.
 """
 
 from __future__ import annotations
@@ -75,13 +77,60 @@ def test_each_device_runs_its_part_with_sends_and_receives():
         validate(g)
         assert g.meta.pipeline == "device 0: F0 F1 B1 B0 U\ndevice 1: F0 F1 B1 B0 U"
     d0, d1 = parts
-    # device 0 sends h and y per micro-batch and its update of w0; receives h's gradient per
-    # micro-batch, both micro-batches' losses and the update of w1 — and device 1 mirrors it
-    assert (count(d0, "send"), count(d0, "recv")) == (5, 5)
-    assert (count(d1, "send"), count(d1, "recv")) == (5, 5)
-    assert count(d0, "send", dst=1) == 5 and count(d1, "recv", src=0) == 5
+    # device 0 sends h and y per micro-batch; receives h's gradient per micro-batch and both
+    # micro-batches' losses — and device 1 mirrors it. No update is sent: w0 lives on device 0,
+    # w1 on device 1 (the step counter is computed on both)
+    assert (count(d0, "send"), count(d0, "recv")) == (4, 4)
+    assert (count(d1, "send"), count(d1, "recv")) == (4, 4)
+    assert count(d0, "send", dst=1) == 4 and count(d1, "recv", src=0) == 4
     assert count(d0, "matmul") == 4 and count(d1, "matmul") == 6  # 2 fwd + 2/4 bwd each
     assert "send[" in str(d0) and "recv[" in str(d1)
+
+
+def sent_bytes(graph):
+    return sum(int(np.prod(n.inputs[0].shape)) * n.inputs[0].dtype.itemsize
+               for n in graph.nodes if n.prim == "send")
+
+
+def test_variables_live_on_their_device_and_no_update_is_sent():
+    step_fn, (w0, w1) = two_layer()
+    d0, d1 = (device_graph(step_fn, d, micro=2) for d in (0, 1))
+    homes = {v.name: d for v, d in d0.meta.homes}
+    assert homes == {"w0": 0, "w1": 1} and {v.name: d for v, d in d1.meta.homes} == homes
+    # each device is fed and updates its own parameters (and the step counter both need)
+    assert [v.name for v in d0.meta.fed] == ["w0", "opt.step"]
+    assert [v.name for v in d1.meta.fed] == ["w1", "opt.step"]
+    assert [v.name for v in d0.meta.updated] == ["w0", "opt.step"]
+    assert [v.name for v in d1.meta.updated] == ["w1", "opt.step"]
+    assert len(d0.inputs) == 2 * 2 + 2 and "w1" not in d0.meta.input_names
+    # what crosses devices per step: activations, labels, their gradients, the losses — the
+    # bytes of a micro-batch's values (2 rows), never a parameter
+    f64 = 8
+    assert sent_bytes(d0) == 2 * (2 * 4 + 2 * 2) * f64  # h (2x4) and y (2x2) per micro-batch
+    assert sent_bytes(d1) == 2 * (2 * 4 + 1) * f64  # h's gradient and the loss per micro-batch
+    assert not any(n.prim == "send" and n.inputs[0].aval.shape in ((3, 4), (4, 2))
+                   for g in (d0, d1) for n in g.nodes)
+
+
+def test_a_variable_updated_on_one_device_and_read_on_another_is_still_sent():
+    w0 = rp.Variable(np.ones((3, 4)), name="w0")
+    scale = rp.Variable(np.ones(()), name="scale")  # updated on device 1, read on device 0
+
+    def step_fn(batch):
+        x, _ = batch
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0) * scale
+        with rp.logical_device(1):
+            loss = (h * h).mean()
+            scale.assign(scale * 0.5 + loss * 0.0)
+        w0.assign(w0 - 0.1 * rp.all_reduce(rp.grad(loss, w0), "mean"))
+        return {"loss": loss}
+
+    d0, d1 = (device_graph(step_fn, d) for d in (0, 1))
+    assert [(v.name, d) for v, d in d0.meta.homes] == [("w0", 0)]
+    assert [v.name for v in d0.meta.updated] == ["w0", "scale"]  # scale's update received
+    assert [v.name for v in d1.meta.updated] == ["scale"] and "w0" not in d1.meta.input_names
+    assert count(d1, "send", dst=0) == 3  # h's gradient, the loss, scale's update
 
 
 def test_the_schedule_sends_each_activation_before_the_next_micro_batch():
@@ -247,9 +296,10 @@ def test_micro_batches_are_replicas_for_the_divergence_check():
 @pytest.mark.mpi
 @needs_mpi[1]
 @pytest.mark.parametrize("n, configs", [
-    (2, ["2,1,1", "2,3,1", "2,2,2", "1,2,2", "per_replica", "mismatch"]),
+    (2, ["2,1,1", "2,3,1", "2,2,2", "1,2,2", "per_replica", "mismatch", "newcomer",
+         "finite"]),
     (3, ["3,2,1"]),
-    (4, ["2,2,1", "4,2,1", "2,1,2"]),  # 4 processes on 2 cores: oversubscribed
+    (4, ["2,2,1", "4,2,1", "2,1,2", "diverged"]),  # 4 processes on 2 cores: oversubscribed
 ])
 def test_model_parallel_oracle_across_processes(n, configs):
     result = mpirun("model_parallel_mpi.py", *configs, n=n)

@@ -253,7 +253,10 @@ class GraphMeta:
     ``guards``: the Python-level state the trace read (``replicate.dependency``), which must be
     unchanged for the step to be reused; ``divergent``: the updated variables whose new value
     depends on per-replica data that no collective combined (``(variable, where, source)``);
-    ``pipeline``: with logical devices, the schedule of each (``passes/pipeline.py``).
+    ``pipeline``: with logical devices, the schedule of each (``passes/pipeline.py``);
+    ``fed``: the Variables a device's part is fed (None: ``variables``; the others live on other
+    devices) and ``homes``: ``(Variable, device)`` of each that lives on one device
+    (``passes/split_devices.py``).
     A backend may attach its own plan (``memory_plan``). Read as attributes or, like a dict,
     ``meta["updated"]``."""
 
@@ -268,6 +271,8 @@ class GraphMeta:
     guards: tuple = ()
     divergent: tuple = ()
     pipeline: str | None = None  # model parallelism: each device's schedule, one line each
+    fed: list | None = None
+    homes: tuple = ()
 
     def __getitem__(self, key):
         if key not in _META_FIELDS:

@@ -90,7 +90,7 @@ class Placement:
         if x.node is not None:
             placed = getattr(x.node, "placed", None)
             return None if placed is None else placed.device
-        return 0 if self._is_batch(trace, x) else None  # a Variable (every device holds it)
+        return 0 if self._is_batch(trace, x) else None  # a Variable: where its reader runs
 
     def _is_batch(self, trace, x) -> bool:
         seen = (len(trace.inputs), len(trace.variables))

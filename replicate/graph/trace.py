@@ -77,7 +77,8 @@ class Trace:
         if id(var) not in self._var_input:
             if getattr(var, "per_replica", False):  # input (k, ...): replica r reads row r
                 var.bind_replicas(self.replicas)
-            aval = AVal(tuple(var.value.shape), var.value.dtype)
+            shape = var.held.shape if getattr(var, "per_replica", False) else var.shape
+            aval = AVal(tuple(shape), var.dtype)  # (not .value: another device may hold it)
             self._var_input[id(var)] = self.new_input(aval, var.name)
             self._var_by_id[id(var)] = var
             self.variables.append(var)

@@ -46,7 +46,7 @@ from ..errors import (
     user_frame,
 )
 from ..state import Variable
-from . import sync_check
+from . import owners, sync_check
 from .agree import RESTORE, SAVE, agree
 from .comm import world
 
@@ -95,20 +95,20 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
     raises ``rp.DivergenceError`` and nothing is written — a checkpoint holds one value that
     every rank had, never rank 0's copy of diverged state."""
     comm = comm or world()
-    if comm.size > 1:  # (MPI's bcast may return on rank 0 before the others receive)
-        _agree(comm, SAVE, f"checkpoint.save({path!r})")
-        if verify:
-            try:
-                variables = list(named_variables(state).values())
-            except ReplicateError:  # not a nest of Variables: rank 0's write says so, below
-                variables = []
-            sync_check.verify(comm, variables, step, f"before writing checkpoint {path!r}")
-        else:
-            comm.allgather_obj(None)
     try:
         variables = named_variables(state)
-    except ReplicateError:  # (rank 0's write says so, below)
+    except ReplicateError:  # not a nest of Variables: rank 0's write says so, below
         variables = {}
+    fetched = []
+    if comm.size > 1:  # (MPI's bcast may return on rank 0 before the others receive)
+        _agree(comm, SAVE, f"checkpoint.save({path!r})")
+        # model parallelism: the Variables that live on another device, from there
+        fetched = owners.gather(variables.values())
+        if verify:
+            sync_check.verify(comm, list(variables.values()), step,
+                              f"before writing checkpoint {path!r}")
+        else:
+            comm.allgather_obj(None)
     replicas = _every_replica(comm, variables)
     error = None
     if comm.rank == 0:
@@ -119,6 +119,7 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             error = CheckpointError(f"cannot write checkpoint {path!r}: {type(e).__name__}: {e}")
             error.__cause__ = e
+    owners.release(fetched)  # (their devices keep them: the memory stays split)
     if comm.size > 1:  # every rank waits for the writer's verdict: (error class, message) or None
         verdict = comm.bcast_obj(None if error is None else (class_name(error), str(error)), 0)
         if comm.rank != 0 and verdict is not None:

@@ -21,7 +21,8 @@ import numbers
 from ..context import ReplicaContext
 from ..errors import ReplicateError
 from ..model_parallel import Where, compile_step
-from .comm import add_group
+from . import nan_check, owners
+from .comm import add_group, group
 
 _SPLITS: dict = {}  # m -> (device group, replica group) of this process
 
@@ -84,6 +85,22 @@ class Layout:
         self.outputs_comm = device
         self.where = Where(self.m, self.micro, self.device, self.group, self.groups,
                            device.label if self.groups > 1 else None, replica.label)
+
+    def non_finite_updates(self, updates) -> list:
+        """``nan_check.non_finite_updates`` of the updates this process made; with logical
+        devices each device makes its own Variables' updates, so the replica's processes share
+        what they found (one small exchange, with ``check_finite`` only)."""
+        bad = nan_check.non_finite_updates(updates)
+        if self.m > 1:
+            found = group(self.where.replica_comm).allgather_obj(bad)
+            bad = list(dict.fromkeys(b for lines in found for b in lines))
+        return bad
+
+    def gather(self, variables) -> None:
+        """The end of a run: each process of the replica gets the current value of the
+        Variables that live on its other devices (``owners.gather``)."""
+        if self.m > 1:
+            owners.gather(variables, self.where.replica_comm, forget=True)
 
     def compile_step(self, step_fn, batches, contexts, backend, options, input_fn=None):
         return compile_step(step_fn, batches, contexts, self.where, backend=backend,

@@ -6,7 +6,7 @@ communicator of the replica's processes (``comm=label``: its ranks are the devic
 non-blocking (``Isend`` of a copy: the step may reuse the buffer at once); a receive blocks
 until the value is there, watched by the stall watchdog like every other wait.
 ``WAITED[0]`` counts the seconds this process spent waiting in receives (the pipeline bubble:
-``examples/pipeline.py``).
+``examples/pipeline.py``), ``SENT[0]`` the bytes it sent.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..graph.reference import IMPL
 from .comm import group
 
 WAITED = [0.0]
+SENT = [0]
 _pending: collections.deque = collections.deque()  # (request, buffer) of sends in flight
 
 
@@ -30,6 +31,7 @@ def _reap() -> None:
 
 def _send(x, *token, dst, comm):
     buffer = np.array(x, copy=True, order="C")
+    SENT[0] += buffer.nbytes
     _pending.append((group(comm).isend(buffer, dst), buffer))
     _reap()
     return np.zeros((), np.uint8)
@@ -45,4 +47,4 @@ def _recv(*token, src, shape, dtype, comm):
 
 IMPL.update(send=_send, recv=_recv)
 
-__all__ = ["WAITED"]
+__all__ = ["SENT", "WAITED"]

@@ -164,8 +164,9 @@ class Replicator:
                 watchdog.set_step(self.step, "callbacks")
                 for cb in callbacks:
                     cb(self, self.step, outputs)
+            watchdog.set_step(self.step, "the end of run")
+            self.layout.gather(self.variables())  # (logical devices: every Variable everywhere)
             if self.check_sync is not False:
-                watchdog.set_step(self.step, "the end of run")
                 self.verify_sync("at the end of run")
         except (CollectiveMismatchError, ReplicateError) as e:
             at_user_line(e)
@@ -287,7 +288,7 @@ class Replicator:
             step, (results, values) = self._graph_step(batches)
             commit, updates = (lambda: step.commit(values)), step.updates(values)
         if self.check_finite:
-            bad = nan_check.non_finite_updates(updates)
+            bad = self.layout.non_finite_updates(updates)
             outputs, flags = self._reduce_outputs(results, flag=bool(bad))
             with self._journal.undo_on_error():
                 nan_check.check(self, outputs, self.step + 1, bad, flags)

@@ -12,7 +12,9 @@ compared.
 When: at every checkpoint (before it is written: a checkpoint never holds one rank's copy of
 diverged state), at the end of ``Replicator.run``, and every N steps with
 ``Replicator(check_sync=N)``. ``check_sync=False`` turns it off; a ``Variable(local=True)`` is
-each process's own and is never compared.
+each process's own and is never compared. With model parallelism a Variable that lives on one
+logical device is compared among the processes holding it (that device of every replica group;
+at the end of ``run`` and at checkpoints every process holds it again).
 """
 
 from __future__ import annotations
@@ -53,7 +55,11 @@ def verify(comm, variables, step: int, when: str) -> None:
     where = source_line(user_frame())
     agree(comm, VERIFY, describe=lambda: f"comparing the ranks' variables ({when}) at {where}")
     variables = shared(variables)
-    mine = (tuple(v.name for v in variables), tuple(fingerprint(v.value) for v in variables))
+    # (model parallelism: a Variable that lives on another device is compared among the
+    # processes that hold it — its device in every replica group — not here)
+    mine = (tuple(v.name for v in variables),
+            tuple(None if getattr(v, "released", None) else fingerprint(v.value)
+                  for v in variables))
     everyone = comm.allgather_obj(mine)
     names = {names for names, _ in everyone}
     if len(names) > 1:
@@ -65,13 +71,16 @@ def verify(comm, variables, step: int, when: str) -> None:
     prints = [p for _, p in everyone]
     for i, var in enumerate(variables):
         column = [p[i] for p in prints]
-        if len(set(column)) == 1:
+        held = [p for p in column if p is not None]
+        if len(set(held)) <= 1:
             continue
-        differ = [r for r, p in enumerate(column) if p != column[0]]
-        others = sum(len(set(p[j] for p in prints)) > 1 for j in range(len(variables))) - 1
+        first = column.index(held[0])
+        differ = [r for r, p in enumerate(column) if p is not None and p != held[0]]
+        others = sum(len({p[j] for p in prints} - {None}) > 1
+                     for j in range(len(variables))) - 1
         error = DivergenceError(
             f"step {step}, {when}: the ranks hold different values of variable {var.name!r} "
-            f"({var.dtype}{list(var.shape)}): rank(s) {differ} differ from rank 0"
+            f"({var.dtype}{list(var.shape)}): rank(s) {differ} differ from rank {first}"
             + (f" (and {others} more variable(s) differ)" if others else "") + ".\n"
             "Every rank must apply the same update to it. An update from per-rank data needs a "
             "collective first — rp.wrap_optimizer(opt) or rp.all_reduce(grads, 'mean') — or, if "

@@ -12,6 +12,8 @@ parameters and losses on every rank with one device trained on batch R*B in this
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 
 import numpy as np
@@ -85,6 +87,155 @@ def per_replica_outputs():
     print("OK per_replica outputs", flush=True)
 
 
+class Symmetric:
+    """Four 8x8 layers, two on each of m=2 devices, Adam with a dynamic loss scale (read on
+    both devices: its update is still sent); ``state``: the checkpoint nest."""
+
+    def __init__(self, m):
+        rng = np.random.default_rng(2)
+        self.ws = ws = [rp.Variable(rng.normal(size=(8, 8)) * 0.4, name=f"s{i}")
+                        for i in range(4)]
+        opt = rp.wrap_optimizer(rp.optim.Adam(ws, lr=0.05), loss_scale="dynamic")
+        self.state = {"w": ws, "opt": opt.variables()}
+        x = rng.normal(size=(96, 8))
+        y = np.tanh(x[:, ::-1] ** 2)
+
+        def input_fn(ctx):
+            return rp.shard_batches((x, y), B, ctx, seed=3, epochs=None)
+
+        def step_fn(b):
+            h, target = b
+            for i, w in enumerate(ws):
+                with rp.logical_device(i * m // 4):
+                    h = rnp.tanh(h @ w)
+            loss = ((h - target) ** 2).mean()
+            opt.apply(rp.grad(opt.scale(loss), ws))
+            return {"loss": loss}
+
+        self.m, self.input_fn, self.step_fn = m, input_fn, step_fn
+
+    def run(self, steps, comm=None, callbacks=(), restore=None, check_sync=True):
+        """The weights after ``steps`` steps of a new Replicator (``restore``: from there)."""
+        rep = rp.Replicator(self.input_fn, self.step_fn, logical_devices=self.m, comm=comm,
+                            check_sync=check_sync)
+        if restore:
+            rep.restore(restore, self.state)
+        rep.run(steps, callbacks=callbacks)
+        return [w.numpy().copy() for w in self.ws]
+
+    def nbytes(self):
+        """(bytes of the state this process holds a value of, bytes of the whole state)"""
+        leaves = self.ws + list(self.state["opt"].values())
+        total = sum(v.size * v.dtype.itemsize for v in leaves)
+        return sum(v.value.nbytes for v in leaves if v.released is None), total
+
+
+def expect_placement_error(what, fn, name, device):
+    try:
+        fn()
+    except rp.PlacementError as e:
+        text = str(e)
+        assert f"Variable {name!r} lives on logical device {device}" in text, text
+        assert f"(rank {device})" in text and "after run() returns" in text, text
+        return
+    raise AssertionError(f"{what} of {name!r} on a process that does not hold it: no error")
+
+
+def close(a, b):
+    err = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    assert err < 1e-12, err
+
+
+def newcomer():
+    """m=2 on 2 processes: the Variables' memory is split between the steps (a checkpoint in
+    the middle of the run gathers them and drops them again); reading one on the other
+    device's process is an error naming it; the end of run gathers every value; the checkpoint
+    restores with and without model parallelism; check_sync (every step) passes."""
+    other = 1 - rp.process_index()  # s0, s1 live on device 0; s2, s3 on device 1
+    theirs = f"s{2 * other}"
+    folder = f"/tmp/replicate-mp-{int(rp.host.broadcast(np.array([os.getpid()]))[0])}"
+    path = folder + "/ck-{step}.npz"
+    model = Symmetric(2)
+    shares = []
+
+    def probe(rep, step, outputs):
+        held, total = model.nbytes()
+        shares.append(held / total)
+        w = model.ws[2 * other]
+        expect_placement_error("numpy()", w.numpy, theirs, other)
+        expect_placement_error("an eager op", lambda: w * 2.0, theirs, other)
+        expect_placement_error("rp.function", lambda: rp.function(lambda: w.sum())(), theirs,
+                               other)
+        expect_placement_error("assign", lambda: w.assign(np.zeros((8, 8))), theirs, other)
+        assert f"lives on logical device {other}" in repr(w), repr(w)
+
+    try:
+        got = model.run(2, callbacks=[rp.callbacks.Checkpoint(path, model.state, every=1,
+                                                              keep=0), probe], check_sync=1)
+        assert all(0.45 < share < 0.55 for share in shares), shares  # half of the state each
+        held, total = model.nbytes()
+        assert held == total, (held, total)  # after run: every value everywhere
+        ref1, ref2 = Symmetric(1).run(1, comm=SelfComm()), Symmetric(1).run(2, comm=SelfComm())
+        close(got, ref2)
+        saved, info = rp.checkpoint.load(path.format(step=1))
+        assert info["step"] == 1 and len(saved) == 4 + len(model.state["opt"]), sorted(saved)
+        close([saved[f"w/{i}"] for i in range(4)], ref1)
+        close(Symmetric(2).run(1, restore=path.format(step=1)), ref2)  # into m=2 ...
+        close(Symmetric(1).run(1, comm=SelfComm(), restore=path.format(step=1)), ref2)  # m=1
+    finally:
+        rp.host.barrier()
+        if rp.process_index() == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"OK newcomer shares={[round(s, 3) for s in shares]}", flush=True)
+
+
+def finite():
+    """check_finite: a non-finite update made on device 1 only (its Variable lives there) is
+    found by every process, which all raise, naming it."""
+    w0 = rp.Variable(np.ones((3, 4)), name="w0")
+    bad = rp.Variable(np.ones(()), name="bad")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w0], lr=0.1))
+
+    def input_fn(ctx):
+        while True:
+            yield np.ones((4, 3))
+
+    def step_fn(x):
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0)
+        with rp.logical_device(1):
+            loss = (h * h).mean()
+            bad.assign(bad * (loss - loss) / (loss - loss))  # 0/0, not used by the loss
+        opt.apply(rp.grad(loss, [w0]))
+        return loss
+
+    try:
+        rp.Replicator(input_fn, step_fn, logical_devices=2, check_finite=True).run(2)
+    except rp.NonFiniteError as e:
+        assert "variable 'bad'" in str(e), str(e)
+        print("OK finite", flush=True)
+        return
+    raise AssertionError("no NonFiniteError for an update made on another device")
+
+
+def diverged():
+    """m=2 x R=2 on 4 processes, check_sync every step: a weight perturbed on one process of
+    the device that holds it is found (that device's processes compare it)."""
+    model = Symmetric(2)
+
+    def perturb(rep, step, outputs):
+        if step == 1 and rp.process_index() == 2:  # group 1, device 0: it holds s0
+            model.ws[0].assign(model.ws[0].numpy() + 1.0)
+
+    try:
+        model.run(2, callbacks=[perturb], check_sync=1)
+    except rp.DivergenceError as e:
+        assert "variable 's0'" in str(e) and "rank(s) [2] differ" in str(e), str(e)
+        print("OK diverged", flush=True)
+        return
+    raise AssertionError("check_sync missed a diverged weight")
+
+
 def mismatch():
     """A placement that differs between processes is an error on every rank, naming lines."""
     w0 = rp.Variable(np.ones((3, 4)), name="w0")
@@ -143,6 +294,8 @@ if __name__ == "__main__":
             mismatch()
         elif arg == "crash":
             crash()
+        elif arg in ("newcomer", "finite", "diverged"):
+            globals()[arg]()
         elif arg == "per_replica":
             per_replica_outputs()
         elif arg.startswith("jax:"):

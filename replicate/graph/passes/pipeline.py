@@ -8,8 +8,10 @@ every device's subgraph still exists:
   (source, destination, shape), each collective's device, each result's and update's device —
   or ``CollectiveMismatchError`` names the lines; a parameter (a Variable the step differentiates
   and updates) is read only on the device that updates it, or ``PlacementError`` names both
-  lines (other Variables — optimiser state, a loss scale — may be read anywhere: every process
-  holds every Variable's value of the last step);
+  lines (other Variables — a loss scale, the step counter — may be read anywhere: a Variable
+  updated on one device and read on another gets its update sent there);
+* ``homes``: the Variables that live on one device (updated there, read nowhere else: a
+  parameter, its optimiser state), which ``split_devices`` keeps there;
 * ``pipeline_order`` (after the collective rewrite): the GPipe schedule — the forward pass of
   every micro-batch, then their backward passes (last micro-batch first), then what needs them
   all (the gradient exchange, the update) — as one order of the whole graph, which every
@@ -99,10 +101,13 @@ def check_placement(graph: Graph, micro: int = 1, parameters=frozenset()) -> lis
     return rows[0]
 
 
-def _check_variables(graph: Graph, K: int, parameters) -> None:
-    meta, nr = graph.meta, graph.meta.num_results
-    need: dict[int, set] = {}  # value id -> the devices that read it
-    reader: dict[tuple, object] = {}  # (value id, device) -> the node that reads it there
+def readers(graph: Graph) -> tuple[dict, dict]:
+    """Which devices read each value: ``({value id: devices}, {(value id, device): a node that
+    reads it there})``. A placed node reads its inputs on its device (a transfer on its
+    source's); a floating node on every device that needs its value (an effect or a result
+    that floats: every device)."""
+    need: dict[int, set] = {}
+    reader: dict[tuple, object] = {}
     everywhere = {d for n in graph.nodes if n.placed is not None and n.placed.device is not None
                   for d in [n.placed.device]}
     for o in graph.outputs:
@@ -121,8 +126,36 @@ def _check_variables(graph: Graph, K: int, parameters) -> None:
             need.setdefault(x.id, set()).update(devices)
             for d in devices:
                 reader.setdefault((x.id, d), node)
+    return need, reader
+
+
+def _variable_inputs(graph: Graph) -> dict:
+    """{id(Variable): the graph input that reads it}."""
+    meta = graph.meta
     var_inputs = graph.inputs[len(graph.inputs) - len(meta.variables):]
-    read_of = {id(var): x for var, x in zip(meta.variables, var_inputs)}
+    return {id(var): x for var, x in zip(meta.variables, var_inputs)}
+
+
+def homes(graph: Graph, K: int) -> dict:
+    """``{id(Variable): device}`` for each Variable that lives on one device: updated there
+    (not floating) and read nowhere else — a parameter, its optimiser state. Its value is needed
+    only there, so its update is not sent to the other devices (``split_devices``)."""
+    meta, nr = graph.meta, graph.meta.num_results
+    need, _ = readers(graph)
+    read_of = _variable_inputs(graph)
+    out = {}
+    for v, var in enumerate(meta.updated):
+        owner = device_of(graph, graph.outputs[nr * K + v * K])
+        x = read_of.get(id(var))
+        if owner is not None and (x is None or need.get(x.id, set()) <= {owner}):
+            out[id(var)] = owner
+    return out
+
+
+def _check_variables(graph: Graph, K: int, parameters) -> None:
+    meta, nr = graph.meta, graph.meta.num_results
+    need, reader = readers(graph)
+    read_of = _variable_inputs(graph)
     for v, var in enumerate(meta.updated):
         update = graph.outputs[nr * K + v * K]
         owner = device_of(graph, update)
@@ -201,5 +234,5 @@ def describe_pipeline(graph: Graph, m: int, micro: int) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["batch_ids", "check_placement", "describe_pipeline", "device_of", "pipeline_order",
-           "placement_schedule"]
+__all__ = ["batch_ids", "check_placement", "describe_pipeline", "device_of", "homes",
+           "pipeline_order", "placement_schedule", "readers"]
