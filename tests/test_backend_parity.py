@@ -497,6 +497,27 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
                                            r"value is float64\[3\]"):
         exe([v])
 
+    # an owned operand (a packed bucket) is reduced over XLA's own buffer, which travels to the
+    # wait and comes back as its result: no copy in the callbacks, the values still right
+    seen = []
+
+    def start_in_place(x, owned=False):  # as MPIComm.allreduce: in place where writable
+        assert owned
+        seen.append(x.flags.writeable and not x.flags.owndata)  # XLA's own buffer, writable
+        if x.flags.writeable:
+            x *= 2.0
+            return Handle(x)
+        return Handle(x * 2.0)
+
+    monkeypatch.setitem(IMPL, "fake_start", start_in_place)
+    monkeypatch.setitem(IMPL, "fake_wait", wait)
+    s.attrs["owned"] = True
+    exe = lower(graph)
+    for _ in range(2):
+        out, th = exe([v])
+        np.testing.assert_allclose(out, 2 * np.exp(v) + np.tanh(v), rtol=1e-12)
+    assert seen == [in_jit] * 2 and not exe.run.calls.values
+
 
 @only_jax
 def test_jax_runs_fused_groups_and_large_constants():

@@ -16,8 +16,13 @@ its 8 s first step) and moved every value between segments through Python.
   runtime: seen on 2 processes pinned to a core each.)
 * **Handles.** A host node whose value only other host nodes read (a ``comm_start`` handle) keeps
   the value on the host: XLA carries a 32-bit ticket for it.
-* **Buffers.** XLA's buffers live for the call only: a node that keeps its operand past the call
-  (a bucket in flight) or reduces over it in place (``owned``) gets a copy.
+* **Buffers.** A packed bucket (``owned``: nothing else reads it) is reduced over XLA's own
+  buffer: the callback's result aliases its operand (``input_output_aliases``), and with
+  ``overlap`` the bucket travels from ``comm_start`` to ``comm_wait`` as an XLA buffer (live
+  between the two, so XLA leaves it alone while the communication thread writes it) that the
+  wait returns: no copy in or out. Where XLA must copy an aliased buffer (another reader) the
+  callback sees the copy and the result is still right. Any other operand kept past the call
+  (a one-tensor bucket in flight) gets a copy: XLA's buffers live for the call only.
 * **Errors.** An exception in a callback (a peer's failure, a timeout) reaches XLA as a runtime
   error string; :class:`HostCalls` keeps the original, and the program raises *it*, with its
   type and notes, instead of XLA's wrapper.
@@ -79,37 +84,79 @@ class HostCalls:
         self._order = jnp.zeros((), np.int32)
 
     def node(self, node, args, *, opaque: bool, opaque_inputs: tuple):
-        """A callback computing ``node`` on the host from ``args`` (traced values)."""
+        """A callback computing ``node`` on the host from ``args`` (traced values).
+
+        Returns its traced value: an array; for a value only host nodes read, a ticket — or,
+        for a bucket reduced in place on the communication thread, ``(ticket, bucket)``: the
+        bucket travels as an XLA buffer to the ``comm_wait``, which returns that same buffer."""
         rule, attrs, aval = IMPL[node.prim], node.attrs, node.out.aval
-        dtype = np.dtype(aval.dtype)
-        # XLA's buffers live for the call only: a rule that reduces in place (``owned``) or
-        # keeps its operand past the call (a bucket in flight) gets its own copy
-        own = bool(attrs.get("owned")) or opaque
+        dtype, shape = np.dtype(aval.dtype), tuple(aval.shape)
+        # A rule that reduces over its operand (``owned``: a packed bucket nobody else reads) is
+        # handed XLA's buffer itself, the callback's result aliasing it: no copy in or out.
+        inplace = bool(attrs.get("owned")) and not opaque_inputs[0]
+        operands, kinds = [], []  # kinds: "v" value, "h" ticket, "hb" ticket + carried bucket
+        for a, o in zip(args, opaque_inputs):
+            if isinstance(a, tuple):
+                operands += list(a)
+                kinds.append("hb")
+            else:
+                operands.append(a)
+                kinds.append("h" if o else "v")
+        # the buffer the result is written over (an index into ``operands``), if any: the owned
+        # operand, or a carried bucket of the result's shape and dtype
+        alias, k = (0 if inplace else None), 0
+        for a in args:
+            if alias is None and isinstance(a, tuple) and (
+                    tuple(a[1].shape), np.dtype(a[1].dtype)) == (shape, dtype):
+                alias = k + 1
+            k += 2 if isinstance(a, tuple) else 1
+        # XLA's buffers live for the call only: a rule that keeps an operand past the call (a
+        # bucket in flight) and does not own XLA's buffer for it gets its own copy
+        copy = opaque and not inplace
         values, tickets = self.values, self._tickets
 
         def _replicate_host_call(ctx, outs, order, *xs):
             try:
-                out, done = outs
-                xs = [values.pop(int(np.asarray(x))) if o else
-                      (np.asarray(x).copy() if own else np.asarray(x))
-                      for x, o in zip(xs, opaque_inputs)]
-                value = rule(*xs, **attrs)
+                *outs, done = outs
+                it, xs_in = iter(xs), []
+                for j, kind in enumerate(kinds):
+                    x = next(it)
+                    if kind == "v":
+                        x = np.asarray(outs[0]) if j == 0 and inplace else (
+                            np.asarray(x).copy() if copy else np.asarray(x))
+                    else:
+                        x = values.pop(int(np.asarray(x)))
+                        if kind == "hb":
+                            next(it)  # the bucket: the handle reduces it in place
+                    xs_in.append(x)
+                value = rule(*xs_in, **attrs)
                 if opaque:
                     ticket = next(tickets) & 0x7FFFFFFF
                     values[ticket] = value
-                    value = ticket
+                    np.asarray(outs[-1])[...] = ticket
                 else:  # never let NumPy broadcast or cast a wrong result into XLA's buffer
-                    check_result(node, value, tuple(aval.shape), dtype)
-                np.asarray(out)[...] = value
+                    check_result(node, value, shape, dtype)
+                    out = np.asarray(outs[0])
+                    if not (isinstance(value, np.ndarray) and value.ctypes.data == out.ctypes.data
+                            and value.dtype == out.dtype and value.strides == out.strides):
+                        out[...] = value  # (XLA copied the aliased buffer, or none was aliased)
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:  # raised again by the program, not as XLA's text
                 if self.failure is None:
                     self.failure = e
                 raise
-        result = _TICKET if opaque else jax.ShapeDtypeStruct(tuple(aval.shape), dtype)
-        call = buffer_callback(_replicate_host_call, (result, _TICKET), has_side_effect=True)
-        value, self._order = call(self._order, *args)
-        return value
+        array = jax.ShapeDtypeStruct(shape, dtype)
+        if opaque:
+            result = (array, _TICKET, _TICKET) if inplace else (_TICKET, _TICKET)
+        else:
+            result = (array, _TICKET)
+        aliases = None if alias is None else {alias + 1: 0}  # operand 0: the order ticket
+        call = buffer_callback(_replicate_host_call, result, has_side_effect=True,
+                               input_output_aliases=aliases)
+        *value, self._order = call(self._order, *operands)
+        if opaque:
+            return (value[1], value[0]) if inplace else value[0]
+        return value[0]
 
     def reraise(self, error: BaseException):
         """Raise the callback's own exception if ``error`` is XLA reporting it; else nothing."""
