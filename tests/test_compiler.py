@@ -272,6 +272,35 @@ def test_hundred_gradients_become_buckets(bucket_bytes, expect):
     assert [n.attrs["bucket"] for n in starts] == list(range(expect))
 
 
+@pytest.mark.parametrize("grad_out", [False, True], ids=["bucket", "gradient-returned"])
+def test_gradients_are_written_straight_into_their_bucket(grad_out):
+    """NumPy backend: each gradient of a bucket is computed into its part of the bucket's buffer
+    (the concatenation copies nothing), unless something reads it after the bucket is packed."""
+    model = _mlp()
+    params = list(model.parameters().values())
+
+    def step(batch):
+        x, y = batch
+        loss = rp.nn.softmax_cross_entropy(model(x), y).mean()
+        grads = rp.grad(loss, params)
+        for p, g in zip(params, rp.all_reduce(grads, "mean")):
+            p.assign(p - 0.1 * g)
+        return (loss, grads[0]) if grad_out else loss
+    graph = _two_process_graph(step, [(np.ones((8, 6)), np.zeros(8, np.int64))])
+    exe = compile_graph(graph, get_backend("numpy"), CompileOptions())
+    plan = exe.graph.meta["memory_plan"]
+    (concat,) = [n for n in exe.graph.nodes if n.prim == "concatenate"]
+    if grad_out:
+        assert not plan.done and not plan.part
+        return
+    assert plan.done == {concat.out.id} and len(plan.part) == len(concat.inputs) == 6
+    buffer = plan.slot[concat.out.id]
+    spans = sorted((offset, int(np.prod(shape))) for b, offset, shape in plan.part.values()
+                   if b == buffer)
+    assert [o for o, _ in spans] == list(np.cumsum([0] + [n for _, n in spans])[:-1])
+    assert sum(n for _, n in spans) == concat.out.size  # the parts tile the bucket
+
+
 def test_bucketing_off_and_no_overlap():
     _, step = _many_gradients(10, 100)
     graph = _two_process_graph(step, [np.ones(100, np.float32)])

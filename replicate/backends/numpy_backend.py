@@ -98,6 +98,10 @@ def _plain_fn(node):
     return run
 
 
+def _in_place(*xs, out):
+    return out
+
+
 def _program(graph, plan, buffers):
     """Steps ``(fn, input slots, output slot, buffer or None)`` over an environment list."""
     slot = {x.id: i for i, x in enumerate(graph.inputs)}
@@ -106,7 +110,16 @@ def _program(graph, plan, buffers):
         args = tuple(slot[i.id] for i in node.inputs)
         slot[node.out.id] = len(slot)
         b = plan.slot.get(node.out.id)
-        if node.prim == "fused":
+        part = plan.part.get(node.out.id)
+        if part is not None:  # written straight into its part of a concatenation's buffer
+            i, offset, shape = part
+            size = int(np.prod(shape))
+            buf = buffers[i][offset:offset + size].reshape(shape)
+            fn = _fused_runner(node) if node.prim == "fused" else _out_fn(node)
+            steps.append((fn, args, slot[node.out.id], buf, True))
+        elif node.out.id in plan.done:  # its parts are in place already: nothing to copy
+            steps.append((_in_place, args, slot[node.out.id], buffers[b], True))
+        elif node.prim == "fused":
             steps.append((_fused_runner(node), args, slot[node.out.id],
                           None if b is None else buffers[b], True))
         elif b is not None:

@@ -28,11 +28,16 @@ class MemoryPlan:
     slot: dict = field(default_factory=dict)     # value id -> buffer index
     buffers: list = field(default_factory=list)  # (shape, dtype) per buffer
     in_place: int = 0                            # values written over a dying input
+    # value id -> (buffer index, offset, shape): written straight into its part of a
+    # concatenation's buffer (a gradient into its bucket); those concatenations copy nothing
+    part: dict = field(default_factory=dict)
+    done: set = field(default_factory=set)       # concatenations whose parts are all in place
 
     def __str__(self) -> str:
         total = sum(_nbytes(s, d) for s, d in self.buffers)
         return (f"memory plan: {len(self.slot)} values in {len(self.buffers)} buffers "
-                f"({total / 2**20:.1f} MiB), {self.in_place} in place")
+                f"({total / 2**20:.1f} MiB), {self.in_place} in place, "
+                f"{len(self.done)} concatenations written in place")
 
 
 def _nbytes(shape, dtype):
@@ -64,6 +69,8 @@ def plan_memory(graph: Graph, writes_out) -> MemoryPlan:
             last_use[root.get(x.id, x.id)] = i
     escaping = {root.get(o.id, o.id) for o in graph.outputs}
     plan = MemoryPlan()
+    parts = _concatenations_in_place(graph, writes_out, root, last_use, escaping)
+    first_part = {min(members): c for c, members in parts.items()}
     free: dict[tuple, list[int]] = {}
     dying_at: dict[int, list[int]] = {}
     for r, i in last_use.items():
@@ -71,8 +78,19 @@ def plan_memory(graph: Graph, writes_out) -> MemoryPlan:
     for i, node in enumerate(nodes):
         v = node.out.id
         key = (node.out.shape, node.out.dtype)
+        if i in first_part:  # the concatenation's buffer, busy from its first part on
+            c = first_part[i]
+            plan.slot[c.out.id] = len(plan.buffers)
+            plan.buffers.append((c.out.shape, c.out.dtype))
+            plan.done.add(c.out.id)
+            offset = 0
+            for x in c.inputs:
+                src = next(n for n in nodes if n.out.id == root[x.id])
+                plan.part[src.out.id] = (plan.slot[c.out.id], offset, src.out.shape)
+                offset += src.out.size
         planned = (root[v] == v and v not in escaping and v in last_use
-                   and node.prim in writes_out and node.out.size > 0)
+                   and node.prim in writes_out and node.out.size > 0
+                   and v not in plan.part and v not in plan.done)
         dying = [r for r in dying_at.get(i, ()) if r in plan.slot]
         if planned:
             buffer = None
@@ -93,6 +111,47 @@ def plan_memory(graph: Graph, writes_out) -> MemoryPlan:
             b = plan.slot[r]
             free.setdefault(plan.buffers[b], []).append(b)
     return plan
+
+
+def _concatenations_in_place(graph, writes_out, root, last_use, escaping) -> dict:
+    """1-D concatenations (a gradient bucket) whose every part is a fresh buffer written by the
+    backend (``out=``), possibly reshaped flat, read by nothing after the concatenation: those
+    parts can be written straight into the concatenation's buffer. ``{node: [indices of the
+    nodes writing its parts]}``."""
+    index = {n.out.id: i for i, n in enumerate(graph.nodes)}
+    found = {}
+    for c in graph.nodes:
+        v = c.out.id
+        if c.prim != "concatenate" or c.out.ndim != 1 or v in escaping or v not in last_use \
+                or c.out.size == 0 or root[v] != v:
+            continue
+        members, seen = [], set()
+        for x in c.inputs:
+            r = root.get(x.id, x.id)
+            src = graph.nodes[index[r]] if r in index else None
+            if src is None or r in seen or r in escaping or last_use.get(r) != index[v] \
+                    or src.prim not in writes_out or src.out.dtype != c.out.dtype \
+                    or src.out.size != x.size or src.out.size == 0 \
+                    or any(graph.nodes[index[y]].prim not in _FLAT for y in _chain(x, index,
+                                                                                    graph, r)):
+                break
+            seen.add(r)
+            members.append(index[r])
+        else:
+            found[c] = members
+    return found
+
+
+_FLAT = ("reshape",)  # views between a part and its concatenation that keep the element order
+
+
+def _chain(x, index, graph, r):
+    """The value ids from ``x`` back to (not including) its root ``r``."""
+    out = []
+    while x.id != r:
+        out.append(x.id)
+        x = graph.nodes[index[x.id]].inputs[0]
+    return out
 
 
 def memory(graph: Graph, writes_out) -> Graph:
