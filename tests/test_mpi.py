@@ -149,3 +149,13 @@ def test_input_running_out_on_one_rank_stops_every_rank(mode, k):
     assert result.stderr.count("input ran out") == 2, _report(result)  # a warning on each rank
     for rank in (0, 1):
         assert f"rank {rank} finished 5 steps" in result.stdout, _report(result)
+
+
+# -- the step's outputs: gathered per step, or deferred to one exchange --------------------------
+def test_deferred_outputs_equal_per_step_outputs():
+    """Without a callback reading them, a run's outputs are gathered in one exchange per up to
+    LIMIT steps instead of one per step: the same values, dtypes and order (the program also
+    counts the exchanges)."""
+    result = mpirun("outputs_mpi.py")
+    _ok(result)
+    assert result.stdout.count("OK") == 2, result.stdout

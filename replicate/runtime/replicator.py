@@ -16,7 +16,6 @@ from ..errors import (
     CollectiveMismatchError,
     ReplicateError,
     at_user_line,
-    function_location,
     source_line,
     user_frame,
 )
@@ -24,15 +23,13 @@ from ..function import as_options, check_mode, to_numpy
 from ..graph.aval import AVal
 from ..graph.trace import signature
 from ..numpy import as_array
-from ..step import StepCache, batch_leaves, gather_outputs
+from ..step import StepCache, batch_leaves
 from . import hooks, nan_check, prefetch, sync_check, watchdog
-from .agree import OUTPUTS, STEP, SYNC, agree, digest
+from .agree import STEP, SYNC, agree, digest
 from .callbacks import MetricsLog, Progress
 from .checkpoint import restore as restore_checkpoint
 from .checks import (
-    OUTPUT_REDUCTIONS,
     BatchChecker,
-    aval_of,
     check_arguments,
     checked_step_fn,
     describe_batches,
@@ -42,6 +39,7 @@ from .comm import world
 from .config import agree_config
 from .data import progress_total
 from .layout import Layout
+from .outputs import Deferred, reduce_outputs
 from .prefetch import parse_prefetch
 from .schedule import Schedules
 
@@ -148,6 +146,7 @@ class Replicator:
         if bar:
             callbacks.append(bar)
         history = []
+        self._deferred = Deferred(self) if Deferred.wanted(self, callbacks) else None
         try:
             while steps is None or len(history) < steps:
                 watchdog.set_step(self.step + 1, "input")
@@ -158,6 +157,8 @@ class Replicator:
                 outputs = self._run_step(batches)
                 history.append(outputs)
                 self.step += 1
+                if self._deferred and self._deferred.full():
+                    self._deferred.flush(history)
                 if self.check_sync is not True and self.check_sync \
                         and self.step % self.check_sync == 0:
                     self.verify_sync(f"every {self.check_sync} steps (check_sync)")
@@ -165,6 +166,8 @@ class Replicator:
                 for cb in callbacks:
                     cb(self, self.step, outputs)
             watchdog.set_step(self.step, "the end of run")
+            if self._deferred:
+                self._deferred.flush(history)  # (every waiting step's outputs, one exchange)
             self.layout.gather(self.variables())  # (logical devices: every Variable everywhere)
             if self.check_sync is not False:
                 self.verify_sync("at the end of run")
@@ -289,11 +292,12 @@ class Replicator:
             commit, updates = (lambda: step.commit(values)), step.updates(values)
         if self.check_finite:
             bad = self.layout.non_finite_updates(updates)
-            outputs, flags = self._reduce_outputs(results, flag=bool(bad))
+            outputs, flags = reduce_outputs(self, results, flag=bool(bad))
             with self._journal.undo_on_error():
                 nan_check.check(self, outputs, self.step + 1, bad, flags)
         else:
-            outputs = self._reduce_outputs(results)
+            outputs = self._deferred.add(results) if self._deferred else \
+                reduce_outputs(self, results)
         if commit is not None:
             commit()
         return outputs
@@ -376,24 +380,3 @@ class Replicator:
         if not self.cache:
             raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
         return self.cache.values()[-1]
-
-    # -- outputs --------------------------------------------------------------------------------
-    def _reduce_outputs(self, results, flag=None):
-        """results: per local replica, a list of leaves -> one nest reduced over all replicas.
-        With ``flag`` (a bool of this rank's), also every rank's flag: ``(outputs, flags)``,
-        the flags carried in the same exchange.
-
-        Eager mode first agrees on what is gathered (a tagged exchange): a rank still in a
-        collective that the others do not call meets it as a mismatch. (Graph mode compared
-        the outputs with the collective schedule when it compiled the step.)"""
-        if self.mode == "eager" and self.num_ranks > 1:
-            what = ", ".join(str(aval_of(x)) for x in results[0])
-            agree(self.comm, OUTPUTS, digest(f"{self._out_tree}|{what}"), describe=lambda: (
-                f"the end of step {self.step + 1}: gathering the outputs ({what}) of step_fn "
-                f"{function_location(self.step_fn)}"))
-        gathered = gather_outputs(self.layout.outputs_comm, results, flag)  # one exchange
-        if flag is not None:
-            gathered, flags = gathered
-        reduced = [OUTPUT_REDUCTIONS[self.outputs](everyone) for everyone in gathered]
-        outputs = tree.unflatten(self._out_tree, reduced)
-        return outputs if flag is None else (outputs, flags)
