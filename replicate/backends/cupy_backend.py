@@ -242,4 +242,4 @@ def lower(graph):
         # the next commit), leaves as a copy: what is kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 
-    return Executable(graph, run, kernels(graph), DEVICE)
+    return Executable(graph, run, kernels(graph), DEVICE, DEVICE.stage)

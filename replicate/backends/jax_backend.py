@@ -33,7 +33,7 @@ from ..errors import add_note
 from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
-from .base import Executable
+from .base import Executable, Staged
 from .cuda_ops import POW_MESSAGE
 from .jax_host import HostCalls, available, check_result, opaque_values
 from .jax_impl import JAX, apply, pow_checked
@@ -288,4 +288,10 @@ def _never(node) -> bool:
 def lower(graph):
     """Return an ``Executable`` running ``graph`` as jitted segments (see the module doc)."""
     program = JaxProgram(graph)
-    return Executable(graph, program, program.kernels)
+    return Executable(graph, program, program.kernels, stage=stage)
+
+
+def stage(leaves: list) -> Staged:
+    """Batch leaves put on JAX's default device ahead of their step (on the prefetch thread);
+    JAX orders the step after the copies itself."""
+    return Staged(jax.device_put(leaves))
