@@ -184,6 +184,16 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.copy()
 
+    def set(self, arr, stream=None):
+        """CuPy's copy from the host into this array (same shape and dtype), on ``stream``."""
+        a = np.asarray(arr)
+        if a.shape != self._a.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self._a.shape}, new shape: {a.shape}")
+        if a.dtype != self._a.dtype:
+            raise TypeError(f"{a.dtype} array cannot be set to {self._a.dtype} array")
+        TRANSFERS["to_device"] += a.nbytes
+        self._a[...] = a
+
     def __getattr__(self, name):
         if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
             raise AttributeError(name)

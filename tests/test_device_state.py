@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -153,7 +154,9 @@ def test_a_replicator_step_of_two_replicas_combines_them_on_the_device():
         per.assign(per + rnp.sum(x, axis=0))
         return {"g": rnp.sum(g)}
 
-    rep = rp.Replicator(input_fn, step_fn, backend="cupy", replicas_per_rank=2)
+    # prefetch=0: the step copies its batches up itself (with prefetch on, the prefetch thread
+    # copies the next ones during the step: tests below)
+    rep = rp.Replicator(input_fn, step_fn, backend="cupy", replicas_per_rank=2, prefetch=0)
     rep.run(1)
     prims = {n.prim for n in rep.executable().graph.nodes}
     assert "local_reduce" in prims and not {"mpi_allreduce", "comm_start"} & prims
@@ -345,3 +348,107 @@ def test_variables_keep_one_device_buffer_written_in_place_and_never_the_callers
     for r in (r0, r1, s0, s1):
         assert r.get().reshape(-1).tolist() == [2.0] * 3
     assert w.numpy().tolist() == [3.0] * 3 and v.numpy().tolist() == [3.0] * 3
+
+
+def _staging_log(monkeypatch):
+    """Log (what, thread, object) of every copy up (``set``: a staged copy; ``asarray``: one by
+    the step), every event recorded and every wait on one, in order."""
+    import cupy_standin_cuda as cuda
+
+    log = []
+    me = lambda: threading.current_thread().name  # noqa: E731
+    real_set, real_asarray = cupy_standin.ndarray.set, sys.modules["cupy"].asarray
+    real_record = cuda.Stream.record
+
+    def set_(self, arr, stream=None):
+        log.append(("set", me(), self))  # (kept alive: ids stay unique)
+        return real_set(self, arr, stream)
+
+    def asarray(x, dtype=None):
+        if not isinstance(x, cupy_standin.ndarray):
+            log.append(("asarray", me(), None))
+        return real_asarray(x, dtype)
+
+    def record(self, event=None):
+        event = real_record(self, event)
+        log.append(("record", me(), event))
+        return event
+
+    monkeypatch.setattr(cupy_standin.ndarray, "set", set_)
+    monkeypatch.setattr(sys.modules["cupy"], "asarray", asarray)
+    monkeypatch.setattr(cuda.Stream, "record", record)
+    monkeypatch.setattr(cuda.Stream, "wait_event",
+                        lambda self, e: log.append(("wait", me(), (self, e))))
+    return log
+
+
+def _staged_training(backend, prefetch, steps=6, log=None):
+    w = rp.Variable(np.zeros(4, np.float32), name="w_staged")
+    data = np.arange(48, dtype=np.float32).reshape(12, 4)
+
+    def input_fn(ctx):
+        return rp.shard_batches(data, 2, ctx, epochs=None)
+
+    def step_fn(x):
+        w.assign(w * 0.5 + rp.all_reduce(rnp.mean(x, axis=0), "mean"))
+        return {"s": rnp.sum(w)}
+
+    rep = rp.Replicator(input_fn, step_fn, backend=backend, replicas_per_rank=2,
+                        prefetch=prefetch)
+    rep.run(1)
+    runs = [] if log is None else log  # ("run", thread, inputs) per step after the first
+    exe = rep.executable()
+    real_run = exe.run
+    exe.run = lambda inputs: runs.append(("run", threading.current_thread().name,
+                                          list(inputs))) or real_run(inputs)
+    history = rep.run(steps - 1)
+    return [r for r in runs if r[0] == "run"], [float(h["s"]) for h in history], \
+        w.numpy().copy()
+
+
+@pytest.mark.parametrize("prefetch", [2, 0])
+def test_prefetch_copies_batches_up_on_its_thread_and_the_step_waits_for_them(monkeypatch,
+                                                                              prefetch):
+    """With prefetch on, the prefetch thread copies each batch up (on its own stream, an event
+    recorded after the copies) once the first step is compiled; the step's stream waits for that
+    event before the step reads the batch; the values are those of prefetch=0 (every batch
+    copied up by the step, on the main thread) and of the NumPy backend."""
+    log = _staging_log(monkeypatch)
+    runs, history, w = _staged_training("cupy", prefetch, log=log)
+    _, want_history, want_w = _staged_training("numpy", 0)
+    assert history == want_history and w.tolist() == want_w.tolist()
+    main = threading.main_thread().name
+    staged = {}  # id of a staged device array -> the event recorded after its copy
+    for k, (what, thread, obj) in enumerate(log):
+        if what == "set":
+            assert thread == "replicate-prefetch"
+            staged[id(obj)] = next(o for w_, t, o in log[k:] if w_ == "record" and t == thread)
+    used = [x for r in runs for x in r[2] if id(x) in staged]
+    if prefetch == 0:
+        assert not staged and not used
+        assert {t for what, t, _ in log if what == "asarray"} == {main}
+        return
+    # batches 1 to 4 are drawn before the first step is compiled (the backend unknown yet)
+    assert len(used) >= 2 * 2, "batches 5 and 6 of both replicas come staged"
+    waited: set = set()  # the events the main thread's stream waited for, so far
+    for what, thread, obj in log:
+        if what == "wait" and thread == main:
+            waited.add(id(obj[1]))
+        if what == "run":
+            assert thread == main
+            assert all(id(staged[id(x)]) in waited for x in obj if id(x) in staged)
+
+
+@pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
+def test_prefetch_puts_batches_on_the_jax_device_on_its_thread(monkeypatch):
+    import jax
+
+    threads, real_put = [], jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda x, *a, **k: threads.append(
+        threading.current_thread().name) or real_put(x, *a, **k))
+    runs, history, w = _staged_training("jax", 2)
+    _, want_history, want_w = _staged_training("numpy", 0)
+    assert history == want_history and w.tolist() == want_w.tolist()
+    fed = [x for r in runs[3:] for x in r[2][:2]]  # steps 5 and 6: their batch leaves
+    assert fed and all(isinstance(x, jax.Array) for x in fed)
+    assert threads and set(threads) == {"replicate-prefetch"}

@@ -158,6 +158,20 @@ def test_stall_in_input_fn_is_reported_and_aborted_graph_mode():
     assert "at step 3 (input)" in result.stderr, report(result)
 
 
+def test_stall_in_an_nccl_collective_is_reported_and_aborted():
+    """A rank that never joins a collective on the device (the stand-in's NCCL, one stand-in GPU
+    per rank): named by the watchdog with the collective, its step and the rank's line, as an
+    MPI one."""
+    token = f"tok-{uuid.uuid4().hex}"
+    result = mpirun("stall_nccl_mpi.py", "--token", token, timeout=60, env=child_env())
+    assert_no_orphans(token)
+    _assert_stall_report(result, "on communicator 'nccl'", "at step 3",
+                         f"main thread is at {marker_line('nccl-sleep', 'stall_nccl_mpi.py')}")
+    assert re.search(r"allreduce\(sum\)( \(bucket\))? #2 on communicator 'nccl' "
+                     r"\(float64\[4\]\) at step 3 \(step\)", result.stderr), report(result)
+    assert "rank 0 step 2" in result.stdout and "rank 0 step 3" not in result.stdout
+
+
 def test_stall_on_a_duplicate_communicator_in_another_thread():
     """A communication thread (as the gradient-bucketing one) waits on ``world().dup()``."""
     result = faults("stall-thread", REPLICATE_COLLECTIVE_TIMEOUT=STALL_TIMEOUT)

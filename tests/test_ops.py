@@ -42,7 +42,7 @@ class In:
 
     shape: tuple
     dtype: str = F64
-    # real | positive | away0 | unit | int | posint | special | index<N> | class<N>
+    # real | positive | away0 | unit | int | posint | special | index<N> | class<N> | edges
     domain: str = "real"
 
     def sample(self, rng) -> np.ndarray:
@@ -54,6 +54,11 @@ class In:
             return rng.integers(-n, n, shape).astype(self.dtype)
         if self.domain.startswith("class"):  # class labels 0 .. n-1
             return rng.integers(0, int(self.domain[5:]), shape).astype(self.dtype)
+        if kind in "iu" and self.domain == "edges":  # 0, +-1, the extremes, in a fixed order
+            info = np.iinfo(self.dtype)
+            vals = [0, -1, 1, 7, -7, info.min, info.max] if kind == "i" else \
+                [0, 1, 2, 7, info.max - 1, info.max, 3]
+            return np.resize(np.array(vals, self.dtype), shape)
         if kind in "iu":
             lo, hi = {"positive": (1, 4), "posint": (1, 4), "away0": (1, 4)}.get(self.domain,
                                                                                    (-3, 4))
@@ -274,6 +279,24 @@ case("floor_divide", rnp.floor_divide, np.floor_divide, In((2, 3), I64, "int"),
      In((3,), I64, "away0"))
 case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), I32, "int"),
      In((2, 3), I32, "away0"), label="operator")
+
+# integer edges, every pair of (0, +-1, 7, -7, MIN, MAX) (a (7, 1) by a (1, 7) grid): NumPy
+# gives 0 for x // 0 and x % 0 (with a warning) and wraps MIN // -1, -MIN and abs(MIN); XLA's
+# x // 0 is -1 (all ones unsigned), C leaves all of them undefined (README, "Integer edge cases")
+I8, U8, U32 = "int8", "uint8", "uint32"
+for dt in (I8, I32, I64, U8, U32):
+    grid = (In((7, 1), dt, "edges"), In((1, 7), dt, "edges"))
+    case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, *grid, label="edges",
+         grad=False)
+    case("mod", lambda a, b: a % b, lambda a, b: a % b, *grid, label="edges", grad=False)
+case("floor_divide", rnp.floor_divide, np.floor_divide, In((7, 1), I32, "edges"),
+     In((1, 7), I32, "edges"), label="edges", grad=False)
+case("remainder", rnp.remainder, np.remainder, In((7, 1), I64, "edges"),
+     In((1, 7), I64, "edges"), label="edges", grad=False)
+for dt in (I8, I32, I64):
+    case("abs", rnp.abs, np.abs, In((7,), dt, "edges"), label="edges", grad=False)
+    case("negative", lambda a: -a, lambda a: -a, In((7,), dt, "edges"), label="edges",
+         grad=False)
 
 COMPARISONS = {"equal": (rnp.equal, np.equal, "=="),
                "not_equal": (rnp.not_equal, np.not_equal, "!="),
@@ -959,7 +982,8 @@ GRAD_CASES = [c for c in CASES if differentiable(c)]
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_forward(c, mode):
     xs = c.sample()
-    with np.errstate(divide="ignore", invalid="ignore"):  # 1 / False, inf - inf: as NumPy
+    # 1 / False, inf - inf, MIN // -1: as NumPy
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         expected = [np.asarray(o) for o in leaves(c.ref(*xs))]
         actual = run_forward(c.fn, xs, mode)
     assert_same(actual, expected, c.rtol, what=f"{c.id} in {mode} mode")

@@ -14,7 +14,9 @@ A backend is a module with
 A backend whose arrays live in device memory (``cupy``) gives its ``Executable`` a ``device``
 (a :class:`Device`): then ``exe.run`` takes host or device arrays and returns device arrays,
 and the step keeps the variables on the device between calls (``replicate/step.py``), moving
-only the batches in and the results out; ``exe(inputs)`` still returns host arrays.
+only the batches in and the results out; ``exe(inputs)`` still returns host arrays. A backend
+that can copy a batch to its device ahead of the step gives its ``Executable`` a ``stage``:
+``stage(leaves) -> Staged``, called on the input prefetch thread (``runtime/staging.py``).
 
 Nodes whose primitive is flagged ``host`` (communication) run on the host through the reference
 table ``replicate.graph.reference.IMPL`` (a device backend may carry them on the device instead,
@@ -23,6 +25,8 @@ between two host nodes may be a handle, not an array: pass it through untouched)
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -50,6 +54,7 @@ class Device:
 
     def __init__(self):
         self.transfers = {"to_device": 0, "to_host": 0}
+        self._count = threading.Lock()  # (a prefetch thread copies batches up too)
         DEVICES.append(self)
 
     def is_array(self, x) -> bool:
@@ -63,14 +68,16 @@ class Device:
         if self.is_array(x):
             return x
         x = np.asarray(x)
-        self.transfers["to_device"] += x.nbytes
+        with self._count:
+            self.transfers["to_device"] += x.nbytes
         return self._upload(x)
 
     def to_host(self, x):
         """``x`` as a NumPy array: a device array is copied down; anything else passes."""
         if not self.is_array(x):
             return x
-        self.transfers["to_host"] += x.nbytes
+        with self._count:
+            self.transfers["to_host"] += x.nbytes
         return self._download(x)
 
     def to_host_many(self, xs: list) -> list:
@@ -92,6 +99,29 @@ class Device:
         raise NotImplementedError
 
 
+class Staged:
+    """Batch leaves copied to the device ahead of their step (on the prefetch thread).
+
+    The step's thread calls ``take()`` (its stream waits for the copies, then it gets the
+    device leaves) and, once the step has been launched, ``release()`` (the copies' memory may
+    then be reused, after what the step's stream has queued so far)."""
+
+    def __init__(self, leaves: list, wait=None, release=None):
+        self.leaves, self._wait, self._release = leaves, wait, release
+
+    def take(self) -> list:
+        if self._wait is not None:
+            self._wait()
+            self._wait = None
+        return self.leaves
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+        self.leaves = None
+
+
 def device_of(x):
     """The :class:`Device` whose array ``x`` is, or None (a host value)."""
     for device in DEVICES:
@@ -108,11 +138,12 @@ class Executable:
     ``device``: a device backend's :class:`Device` (then ``run`` returns device arrays), or
     None."""
 
-    def __init__(self, graph, run, kernels=(), device=None):
+    def __init__(self, graph, run, kernels=(), device=None, stage=None):
         self.graph = graph
         self.run = run
         self.kernels = list(kernels)
         self.device = device
+        self.stage = stage  # leaves -> Staged, on the prefetch thread; None: not staged
 
     def __call__(self, inputs):
         outs = self.run(inputs)

@@ -41,7 +41,7 @@ from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import MOVES, table
 from . import cuda_codegen, cuda_random
 from .base import Executable
-from .cuda_ops import POW_MESSAGE
+from .cuda_ops import POW_MESSAGE, needs_flag
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
 from .cupy_index import IndexChecks
@@ -79,10 +79,13 @@ def _fused_fn(node, consts, index, checks):
                              f"({e}); please report it") from None
     kernel = _compile(spec)
     shape, dtype = node.out.shape, node.out.dtype
+    # the member an error names: the group's one integer power, else the group
+    powers = [n for n in node.attrs["body"].graph.nodes if needs_flag(n)]
+    culprit = powers[0] if len(powers) == 1 else node
 
     def flag():  # the kernel's error flag, read at the call's end (NumPy raises at once)
         err = cupy.zeros((1,), cupy.int32)
-        checks.add(err, node, _pow_error)
+        checks.add(err, culprit, _pow_error)
         return [err]
 
     if spec.kind == "elementwise":
@@ -239,4 +242,4 @@ def lower(graph):
         # the next commit), leaves as a copy: what is kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 
-    return Executable(graph, run, kernels(graph), DEVICE)
+    return Executable(graph, run, kernels(graph), DEVICE, DEVICE.stage)

@@ -14,11 +14,13 @@ machine spread over its GPUs; a single process keeps its current device;
 
 from __future__ import annotations
 
+import threading
+
 import cupy
 import numpy as np
 
 from ..errors import ReplicateError
-from .base import PLACEMENT, Device
+from .base import PLACEMENT, Device, Staged
 
 try:
     _DEVICES = cupy.cuda.runtime.getDeviceCount()
@@ -33,6 +35,11 @@ _KDL_CUDA = 2  # DLPack's device type of CUDA memory
 
 class CupyDevice(Device):
     name = "cupy"
+
+    def __init__(self):
+        super().__init__()
+        self._local = threading.local()  # a thread's copy stream (``stage``)
+        self._fence = None  # the step's stream at the last ``release``
 
     def is_array(self, x) -> bool:
         return isinstance(x, cupy.ndarray)
@@ -73,6 +80,34 @@ class CupyDevice(Device):
         """``src``'s values into device array ``dst`` (same shape and dtype): a device copy, no
         allocation — a variable keeps one buffer, at one address, from step to step."""
         cupy.copyto(dst, src)
+
+    def stage(self, leaves: list) -> Staged:
+        """Batch leaves copied up on the calling thread's own stream (the prefetch thread's),
+        so the copy overlaps the step running on the main stream; the step's stream waits for
+        the event recorded after the copies (``Staged.take``). The buffers come from CuPy's
+        pool on the copy stream: a block the step freed is reused only after the step's
+        stream passed ``_fence`` (recorded at each ``release``, read after allocating)."""
+        local = self._local
+        if getattr(local, "stream", None) is None:
+            local.stream = cupy.cuda.Stream(non_blocking=True)
+        stream = local.stream
+        host = [x if self.is_array(x) else np.ascontiguousarray(x) for x in leaves]
+        with stream:
+            out = [x if self.is_array(x) else cupy.empty(x.shape, x.dtype) for x in host]
+            fence = self._fence
+            if fence is not None:
+                stream.wait_event(fence)
+            for buf, x in zip(out, host):
+                if buf is not x:
+                    with self._count:
+                        self.transfers["to_device"] += x.nbytes
+                    buf.set(x, stream=stream)
+            event = stream.record()
+        return Staged(out, lambda: cupy.cuda.get_current_stream().wait_event(event),
+                      self._release)
+
+    def _release(self) -> None:
+        self._fence = cupy.cuda.get_current_stream().record()
 
     def finite(self, x) -> bool:
         """Whether every value is finite: one reduction here, one byte copied down."""

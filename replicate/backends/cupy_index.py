@@ -107,7 +107,7 @@ class IndexChecks:
 def _raise(node, error):
     if isinstance(error, str):
         error = IndexError(error)
-    note_failure(error, node, [])
+    note_failure(error, node)  # (no operands: a fused group is named as a whole)
     raise error
 
 

@@ -33,9 +33,10 @@ from ..errors import add_note
 from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
-from .base import Executable
+from .base import Executable, Staged
+from .cuda_ops import POW_MESSAGE
 from .jax_host import HostCalls, available, check_result, opaque_values
-from .jax_impl import JAX, apply
+from .jax_impl import JAX, apply, pow_checked
 
 name = "jax"
 # XLA fuses and plans memory itself: every other pass of the pipeline
@@ -68,21 +69,30 @@ class _Segment:
         self.nodes, self.reads, self.writes, self.donate = nodes, reads, writes, donate
         self.program, self.apply = program, apply
         # XLA clamps an out-of-range gather index (a silently wrong value): a segment that
-        # indexes with arrays is checked (checkify) and the host raises IndexError instead
+        # indexes with arrays is checked (checkify) and the host raises IndexError instead;
+        # likewise ValueError for an integer to a negative power (XLA gives a number)
         self.gathers = [n for n in nodes if n.prim in INDEXING and len(n.inputs) > 1]
+        errors = (checkify.index_checks if self.gathers else frozenset()) | (
+            checkify.user_checks if any(pow_checked(n) for n in nodes) else frozenset())
+        self.checked = bool(errors)
         body = self._body
-        if self.gathers:
-            body = checkify.checkify(self._body, errors=checkify.index_checks)
+        if errors:
+            body = checkify.checkify(self._body, errors=errors)
         self.fn = jax.jit(body, donate_argnums=donate)
         self.compiled = False
 
     def results(self, out):
         """The segment's outputs; raises ``IndexError`` (naming the op and the user's line) if
-        a checked index was out of range."""
-        if not self.gathers:
+        a checked index was out of range, NumPy's ``ValueError`` for an integer power's
+        negative exponent."""
+        if not self.checked:
             return out
         error, out = out
         message = error.get()
+        if message is not None and message.startswith(POW_MESSAGE):
+            failure = ValueError(POW_MESSAGE)
+            add_note(failure, message[len(POW_MESSAGE) + 1:].removesuffix(" (`check` failed)"))
+            raise failure
         if message is not None:
             failure = IndexError(message.splitlines()[0])
             for node in self.gathers:
@@ -278,4 +288,10 @@ def _never(node) -> bool:
 def lower(graph):
     """Return an ``Executable`` running ``graph`` as jitted segments (see the module doc)."""
     program = JaxProgram(graph)
-    return Executable(graph, program, program.kernels)
+    return Executable(graph, program, program.kernels, stage=stage)
+
+
+def stage(leaves: list) -> Staged:
+    """Batch leaves put on JAX's default device ahead of their step (on the prefetch thread);
+    JAX orders the step after the copies itself."""
+    return Staged(jax.device_put(leaves))

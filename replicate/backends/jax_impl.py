@@ -7,6 +7,10 @@ JAX's promotion differs from the IR's (a sum of bools, say). Where JAX differs b
 told to match NumPy: integer ``div`` floors (the shared row), matmuls run at full precision (no
 TF32 on GPUs), random numbers come from the same counter-based hash, bit for bit.
 
+Integer edge cases follow NumPy, not XLA: an integer divided by 0 is 0 (XLA's is -1, all ones
+unsigned), and an integer to a negative integer power raises NumPy's ``ValueError`` (XLA gives a
+number) through a ``checkify`` check that the backend turns into the error (``POW_CHECKS``).
+
 >>> import numpy as np
 >>> from replicate.backends.jax_impl import JAX
 >>> np.asarray(JAX["div"](np.array([7, -7]), np.array([2, 2]))).tolist()
@@ -21,13 +25,42 @@ jax.config.update("jax_enable_x64", True)  # the library computes in float64 a l
 
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
+from jax.experimental import checkify  # noqa: E402
 
 from ..graph import reference  # noqa: E402
-from ..graph.interpret import eval_graph  # noqa: E402
+from ..graph.interpret import describe_node, eval_graph  # noqa: E402
 from ..graph.primitives import REGISTRY, index_tuple  # noqa: E402
+from .cuda_ops import POW_MESSAGE  # noqa: E402
 
 # the NumPy reference multiplies in full float32/float64; so do we (XLA may pick TF32 on GPUs)
 PRECISION = lax.Precision.HIGHEST
+
+
+def _div(a, b):
+    """The reference's ``div``; an integer divided by 0 is 0, as NumPy's (with its warning)
+    gives on every platform. (XLA defines it as -1, all ones for unsigned integers. Its
+    remainder by 0 is already NumPy's 0, and the most negative integer // -1 wraps in both.)"""
+    if jnp.issubdtype(jnp.result_type(a), jnp.floating):
+        return jnp.true_divide(a, b)
+    zero = jnp.asarray(b) == 0
+    return jnp.where(zero, 0, jnp.floor_divide(a, jnp.where(zero, 1, b)))
+
+
+def pow_checked(node) -> bool:
+    """Whether ``node`` (or a member of a fused group) is an integer power whose exponent can
+    be negative: NumPy raises there, so the JAX backend checks it (``checkify.user_checks``)."""
+    if node.prim == "fused":
+        return any(pow_checked(n) for n in node.attrs["body"].graph.nodes)
+    return (node.prim == "pow" and node.out.aval.dtype.kind in "iu"
+            and node.inputs[1].aval.dtype.kind == "i")
+
+
+def _check_pow(node, exponent):
+    """A checkify check (the segment runs under ``checkify``): NumPy's message, then the note
+    naming the op and the user's line (braces doubled: checkify formats the message)."""
+    note = f"  raised by {describe_node(node)} (in the compiled step)"
+    message = POW_MESSAGE + "\n" + note.replace("{", "{{").replace("}", "}}")
+    checkify.check(jnp.all(jnp.asarray(exponent) >= 0), message)
 
 
 def _scatter_add(g, *idx, index, shape):
@@ -220,6 +253,8 @@ def _bf16_matmul(node, a, b):
 
 def apply(node, args):
     """Run ``node``'s rule on ``args``, with the result in the node's dtype."""
+    if node.prim == "pow" and pow_checked(node):
+        _check_pow(node, args[1])
     if node.prim == "matmul":
         value = _bf16_matmul(node, *args)
         if value is not None:
@@ -234,6 +269,7 @@ def _fused(*xs, body):
 
 # the reference rows applied to jax.numpy, and where JAX must be told to match NumPy
 JAX = reference.table(jnp, "jax", {
+    "div": _div,
     "logistic": jax.nn.sigmoid,
     "stop_gradient": jnp.asarray,  # JAX never differentiates here: the IR has the gradient
     "scatter_add": _scatter_add,
@@ -259,4 +295,4 @@ def missing_rules() -> list[str]:
             if not prim.host and name not in JAX]
 
 
-__all__ = ["JAX", "PRECISION", "apply", "missing_rules"]
+__all__ = ["JAX", "PRECISION", "apply", "missing_rules", "pow_checked"]

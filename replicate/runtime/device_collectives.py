@@ -14,11 +14,21 @@ recorded after it — the host never waits. A bucket's ``comm_start`` returns a 
 at once (its arrays kept alive until ``comm_wait``), so the reduction overlaps the rest of the
 backward pass. A CUDA-aware MPI is not stream-aware: the operand's stream is synchronised
 first, and the call returns when it is done.
+
+The stall watchdog (``watchdog.py``) sees every collective as it sees an MPI one: numbered on
+the transport's own communicator label (``nccl``, ``cuda-aware-mpi``), with its step and
+operand, in flight from when it is entered until its event is done on the device (a call that
+blocks the host, the stand-in's NCCL or a CUDA-aware MPI, until it returns): a rank that never
+joins it is named, and the job ends, after the timeout.
 """
 
 from __future__ import annotations
 
+from threading import get_ident
+from time import monotonic
+
 from ..errors import ReplicateError
+from .watchdog import TRACKER, Call, device_calls
 
 
 class Pending:
@@ -31,15 +41,40 @@ class Pending:
         self.value, self.event, self.keep = value, event, keep
 
 
+class _Done:
+    done = True
+
+
+_DONE = _Done()
+
+
 class _Transport:
     kind = "?"
 
     def __init__(self, comm, cupy):
         self.cp, self.size, self.rank = cupy, comm.size, comm.rank
         self.ufuncs = {"sum": cupy.add, "max": cupy.maximum, "min": cupy.minimum}
+        self.label, self.seq = self.kind, 0  # the watchdog's view: calls entered, every rank
+        TRACKER.comms[self.label] = self
 
     def run(self, prim, xs, attrs):
-        """Communication node ``prim`` on device operands ``xs``."""
+        """Communication node ``prim`` on device operands ``xs`` (watched by the watchdog)."""
+        if prim == "comm_wait":  # (its collective is watched from its comm_start)
+            return self._run(prim, xs, attrs)
+        device_calls()  # drop the finished ones
+        seq, self.seq = self.seq, self.seq + 1
+        op = {"mpi_allreduce": "allreduce({})", "comm_start": "allreduce({}) (bucket)",
+              "mpi_allgather": "allgather", "mpi_broadcast": "broadcast(root={})"}.get(prim, prim)
+        entry = [Call(self.label, seq, op.format(attrs.get("op", attrs.get("root"))), xs[0],
+                      TRACKER.step, TRACKER.phase, get_ident(), monotonic()), None]
+        TRACKER.device[(self.label, seq)] = entry
+        out = self._run(prim, xs, attrs)
+        # done when its event is (None: it blocked the host until it was done)
+        entry[1] = (out.event if isinstance(out, Pending) else self._last_event) or _DONE
+        return out
+
+    def _run(self, prim, xs, attrs):
+        self._last_event = None
         if prim == "mpi_allreduce":
             return self.wait(self.allreduce(xs[0], attrs["op"]))
         if prim == "comm_start":  # a bucket: started now, waited for where it is read
@@ -82,6 +117,7 @@ class _Transport:
         return self._broadcast(self.cp.array(x, copy=True, order="C"), root)
 
     def wait(self, pending: Pending):
+        self._last_event = pending.event
         if pending.event is not None:  # the reading kernels wait on the device, not the host
             self.cp.cuda.get_current_stream().wait_event(pending.event)
         return pending.value

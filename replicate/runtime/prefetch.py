@@ -21,6 +21,8 @@ What stays as without prefetch:
   (a habit from C and PyTorch) would overwrite a batch still waiting for its step: the
   prefetcher keeps a copy of each yielded array (NumPy, or another library's, via DLPack)
   made before the generator runs on — one copy per batch, on the background thread.
+* **Batches go up to the device here too** (a device backend, once its first step is
+  compiled): ``runtime/staging.py``.
 * **Resume.** ``restore`` (a new ``ctx.start_step``) closes the thread and starts from new
   iterators.
 
@@ -43,6 +45,7 @@ import numpy as np
 from .. import state, tree
 from ..errors import ReplicateError
 from ..interop import from_foreign, is_foreign
+from .staging import stage
 
 POLL = 0.1  # seconds between checks for a closed prefetcher while the queue is full
 # While an input thread runs, Python hands the GIL over every SWITCH seconds (default 5 ms): a
@@ -110,6 +113,7 @@ class Prefetcher:
         complete = all(b is not None for b in first)
         self._made, self._taken = int(complete), 0  # lists of batches drawn, handed to the steps
         self._thread = None
+        self.stager = None  # the step's backend's ``Executable.stage``, set by the steps
         if complete:
             self._thread = threading.Thread(target=self._produce, name="replicate-prefetch",
                                             daemon=True)
@@ -123,6 +127,7 @@ class Prefetcher:
                 with self._lock:
                     batches = _draw(self.iterators)
                     self._made += all(b is not None for b in batches)
+                batches = stage(batches, self.stager)
                 if not self._put(("batches", batches)) or any(b is None for b in batches):
                     return
         except BaseException as e:  # noqa: BLE001 - handed to the step that needed the batch

@@ -23,8 +23,8 @@ from ..function import as_options, check_mode, to_numpy
 from ..graph.aval import AVal
 from ..graph.trace import signature
 from ..numpy import as_array
-from ..step import StepCache, batch_leaves
-from . import hooks, nan_check, prefetch, sync_check, watchdog
+from ..step import StepCache
+from . import hooks, nan_check, prefetch, staging, sync_check, watchdog
 from .agree import STEP, SYNC, agree, digest
 from .callbacks import MetricsLog, Progress
 from .checkpoint import restore as restore_checkpoint
@@ -341,7 +341,7 @@ class Replicator:
             self._schedules.reused(step.key, lambda at: self._describe_batches(batches, at))
         for var in step.graph.meta.variables:
             self._sync_variable(var)
-        ran = step.run(batch_leaves(batches), keep_inputs=self.check_finite)
+        ran = staging.run_step(step, batches, self._prefetcher, self.check_finite)
         if self.check_finite:  # the NaN finder re-runs this step's graph on these inputs
             self._last_step = (step.graph, step.last_inputs)
         self._out_tree = step.graph.meta.out_tree

@@ -90,12 +90,27 @@ class Tracker:
         # actors a learner waits for: runtime/actor_link.py); absent: every rank
         self.members: dict[str, set] = {}
         self.describers: list = []  # () -> lines on this process's other threads (actors)
+        # device collectives in flight (device_collectives.py): key -> [call, event or None]
+        self.device: dict = {}
 
     def entered(self) -> dict:
         return {label: comm.seq for label, comm in list(self.comms.items())}
 
 
 TRACKER = Tracker()
+
+
+def device_calls() -> list:
+    """The device collectives still running, their events not done (those done are dropped:
+    the host never waits for NCCL, so they are polled; an event that fails is no stall)."""
+    for key, (_call, event) in list(TRACKER.device.items()):
+        try:
+            done = event is not None and bool(event.done)
+        except Exception:  # noqa: BLE001 - a device error: the step reports it
+            done = True
+        if done:
+            TRACKER.device.pop(key, None)
+    return [call for call, _ in list(TRACKER.device.values())]
 
 
 def set_step(step, phase=None) -> None:
@@ -234,7 +249,7 @@ class Watchdog:
 
     def _check(self):
         now = time.monotonic()
-        for call in list(TRACKER.inflight.values()):
+        for call in list(TRACKER.inflight.values()) + device_calls():
             waited = now - call.t0
             members = TRACKER.members.get(call.comm)
             never = [r for r, final in self.gone.items()
