@@ -73,20 +73,22 @@ class BatchChecker:
             if batch is None:
                 continue
             leaves, treedef = tree.flatten(batch)
-            where = (f"input_fn {function_location(self.input_fn)} yielded, for replica "
-                     f"{ctx.replica_id} at step {step},")
+
+            def where():  # (only on an error: finding the source line costs ~0.2 ms)
+                return (f"input_fn {function_location(self.input_fn)} yielded, for replica "
+                        f"{ctx.replica_id} at step {step},")
             if not leaves:
-                raise InputError(f"{where} a batch without arrays: {batch!r}")
+                raise InputError(f"{where()} a batch without arrays: {batch!r}")
             for leaf, path in zip(leaves, leaf_paths(treedef)):
                 problem = _leaf_problem(leaf)
                 if problem:
-                    raise InputError(f"{where} {problem} at batch{path}: batches must be nests "
-                                     "(dict, list, tuple) of numeric or boolean arrays")
+                    raise InputError(f"{where()} {problem} at batch{path}: batches must be "
+                                     "nests (dict, list, tuple) of numeric or boolean arrays")
             if self.treedef is None:
                 self.treedef, self.first_step = treedef, step
             elif treedef != self.treedef:
                 raise InputError(
-                    f"{where} a batch of another structure than at step {self.first_step}:\n"
+                    f"{where()} a batch of another structure than at step {self.first_step}:\n"
                     f"  step {self.first_step}: {_structure(self.treedef)}\n"
                     f"  step {step}: {_structure(treedef)}\n"
                     "Every batch must have the same nest structure (shapes may change).")
