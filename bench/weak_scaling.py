@@ -257,14 +257,16 @@ def report(results, command, quick):
     if ceiling is not None:
         lines.append(f"the ceiling on this machine (two processes that never communicate) is "
                      f"{ceiling * 100:.0f} %")
-    for name, e in eff.items():
+    for name, e in eff.items():  # issue 17: NumPy >= 90 %, JAX >= 85 %, ahead of DDP
         if not name.startswith("replicate"):
             continue
-        ok90 = e >= 0.90
-        ok_ddp = ddp is not None and e * 100 >= ddp * 100 + 20
-        lines.append(f"{name}: {e * 100:.0f} % — ≥ 90 %: {'met' if ok90 else 'not met'}; "
-                     f"≥ DDP + 20 points ({'n/a' if ddp is None else f'{ddp * 100:.0f} % + 20'}):"
-                     f" {'met' if ok_ddp else 'not met'}")
+        target = 0.85 if "jax" in name else 0.90
+        ok = round(e, 3) >= target
+        ahead = ddp is not None and e > ddp
+        lines.append(f"{name}: {e * 100:.1f} % — ≥ {target * 100:.0f} %: "
+                     f"{'met' if ok else 'not met'}; ahead of DDP "
+                     f"({'n/a' if ddp is None else f'{ddp * 100:.1f} %'}): "
+                     f"{'yes' if ahead else 'no'}")
     text.append("Targets: " + "; ".join(lines) + "\n")
     out = "\n".join(text)
     print(out)
