@@ -13,6 +13,8 @@ processes from every step.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import tree
 from ..errors import function_location
 from ..step import gather_outputs
@@ -57,7 +59,10 @@ class Deferred:
                 and rep.layout.outputs_comm.size > 1)
 
     def add(self, results):
-        self.waiting.append((self.rep._out_tree, results))
+        # copies, as the per-step exchange makes: an output may be an array the program was
+        # given (a batch leaf an input_fn refills in place, with prefetch=0)
+        self.waiting.append((self.rep._out_tree,
+                             [[np.array(x, copy=True) for x in leaves] for leaves in results]))
         return None  # the placeholder
 
     def full(self) -> bool:

@@ -55,4 +55,17 @@ if __name__ == "__main__":
                                   else want), (outputs, step, b["first"], want)
     # deferred on several processes only (alone, the outputs are not exchanged at all)
     assert flushes == ([7, 7, 1, 5] * 2 if rp.process_count() > 1 else []), flushes
+
+    # a newcomer's C habit: one batch buffer refilled in place, no prefetch copy, and the batch
+    # itself returned as an output: each step's output is that step's batch, not the last one
+    def refilled(ctx):
+        buffer = np.zeros(2)
+        for step in range(STEPS):
+            buffer[:] = step
+            yield buffer
+
+    for callbacks in ([], [lambda rep, s, out: None]):
+        got = rp.Replicator(refilled, lambda x: {"x": x * 1.0, "same": x}, prefetch=0,
+                            outputs="per_replica").run(callbacks=callbacks)
+        assert [float(h["same"][0, 0]) for h in got] == list(range(STEPS)), got
     print("OK", rp.process_index())
