@@ -94,22 +94,19 @@ class HostCalls:
         # A rule that reduces over its operand (``owned``: a packed bucket nobody else reads) is
         # handed XLA's buffer itself, the callback's result aliasing it: no copy in or out.
         inplace = bool(attrs.get("owned")) and not opaque_inputs[0]
+        # the buffer the result is written over (an index into ``operands``), if any: the owned
+        # operand, or a carried bucket of the result's shape and dtype
+        alias = 0 if inplace else None
         operands, kinds = [], []  # kinds: "v" value, "h" ticket, "hb" ticket + carried bucket
         for a, o in zip(args, opaque_inputs):
             if isinstance(a, tuple):
+                if alias is None and (tuple(a[1].shape), np.dtype(a[1].dtype)) == (shape, dtype):
+                    alias = len(operands) + 1
                 operands += list(a)
                 kinds.append("hb")
             else:
                 operands.append(a)
                 kinds.append("h" if o else "v")
-        # the buffer the result is written over (an index into ``operands``), if any: the owned
-        # operand, or a carried bucket of the result's shape and dtype
-        alias, k = (0 if inplace else None), 0
-        for a in args:
-            if alias is None and isinstance(a, tuple) and (
-                    tuple(a[1].shape), np.dtype(a[1].dtype)) == (shape, dtype):
-                alias = k + 1
-            k += 2 if isinstance(a, tuple) else 1
         # XLA's buffers live for the call only: a rule that keeps an operand past the call (a
         # bucket in flight) and does not own XLA's buffer for it gets its own copy
         copy = opaque and not inplace

@@ -84,10 +84,10 @@ def plan_memory(graph: Graph, writes_out) -> MemoryPlan:
             plan.buffers.append((c.out.shape, c.out.dtype))
             plan.done.add(c.out.id)
             offset = 0
-            for x in c.inputs:
-                src = next(n for n in nodes if n.out.id == root[x.id])
-                plan.part[src.out.id] = (plan.slot[c.out.id], offset, src.out.shape)
-                offset += src.out.size
+            for m in parts[c]:  # (the parts' writers, in the concatenation's order)
+                src = nodes[m].out
+                plan.part[src.id] = (plan.slot[c.out.id], offset, src.shape)
+                offset += src.size
         planned = (root[v] == v and v not in escaping and v in last_use
                    and node.prim in writes_out and node.out.size > 0
                    and v not in plan.part and v not in plan.done)

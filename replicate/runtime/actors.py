@@ -37,8 +37,7 @@ from .. import state, tree
 from ..errors import ActorError, InputError, function_location, user_traceback
 from ..interop import from_foreign, is_foreign
 from . import watchdog
-from .checks import _leaf_problem as leaf_problem
-from .checks import aval_of, leaf_paths
+from .checks import aval_of, first_problem, leaf_paths
 from .watchdog import TRACKER, Call
 
 POLL = 0.05  # seconds between checks for a stop, a failure or a stall while waiting
@@ -322,10 +321,8 @@ def _describe(leaves, treedef) -> str:
 
 def check_leaves(item: Item, actor_fn) -> None:
     """Every leaf of a trajectory is a numeric or boolean array (else an ``InputError``)."""
-    leaves, treedef = tree.flatten(item.trajectory)
-    for leaf, path in zip(leaves, leaf_paths(treedef)):
-        problem = leaf_problem(leaf)
-        if problem:
-            raise InputError(f"actor {item.actor_id}'s actor_fn {function_location(actor_fn)} "
-                             f"yielded {problem} at trajectory{path}: trajectories must be nests "
-                             "(dict, list, tuple) of numeric or boolean arrays")
+    found = first_problem(*tree.flatten(item.trajectory))
+    if found:
+        raise InputError(f"actor {item.actor_id}'s actor_fn {function_location(actor_fn)} "
+                         f"yielded {found[0]} at trajectory{found[1]}: trajectories must be "
+                         "nests (dict, list, tuple) of numeric or boolean arrays")

@@ -45,6 +45,16 @@ def leaf_paths(treedef, prefix="") -> list[str]:
     return out
 
 
+def first_problem(leaves, treedef):
+    """The first leaf that is not a numeric or boolean array, as ``(problem, path)``; None if
+    every leaf is one (the paths are spelled out only then: this runs every step)."""
+    for i, leaf in enumerate(leaves):
+        problem = _leaf_problem(leaf)
+        if problem:
+            return problem, leaf_paths(treedef)[i]
+    return None
+
+
 def _leaf_problem(x) -> str | None:
     if isinstance(x, (Array, np.ndarray, np.generic, numbers.Number)) or hasattr(x, "read"):
         dtype = getattr(x, "dtype", None)
@@ -79,11 +89,10 @@ class BatchChecker:
                         f"{ctx.replica_id} at step {step},")
             if not leaves:
                 raise InputError(f"{where()} a batch without arrays: {batch!r}")
-            for leaf, path in zip(leaves, leaf_paths(treedef)):
-                problem = _leaf_problem(leaf)
-                if problem:
-                    raise InputError(f"{where()} {problem} at batch{path}: batches must be "
-                                     "nests (dict, list, tuple) of numeric or boolean arrays")
+            found = first_problem(leaves, treedef)
+            if found:
+                raise InputError(f"{where()} {found[0]} at batch{found[1]}: batches must be "
+                                 "nests (dict, list, tuple) of numeric or boolean arrays")
             if self.treedef is None:
                 self.treedef, self.first_step = treedef, step
             elif treedef != self.treedef:
@@ -133,13 +142,11 @@ def checked_step_fn(step_fn):
     @functools.wraps(step_fn)
     def step(batch):
         out = step_fn(batch)
-        leaves, treedef = tree.flatten(out)
-        for leaf, path in zip(leaves, leaf_paths(treedef)):
-            problem = _leaf_problem(leaf)
-            if problem:
-                raise InputError(f"step_fn {function_location(step_fn)} returned {problem} at "
-                                 f"output{path}: return a nest (dict, list, tuple) of arrays, "
-                                 "e.g. {'loss': loss}")
+        found = first_problem(*tree.flatten(out))
+        if found:
+            raise InputError(f"step_fn {function_location(step_fn)} returned {found[0]} at "
+                             f"output{found[1]}: return a nest (dict, list, tuple) of arrays, "
+                             "e.g. {'loss': loss}")
         return out
 
     return step
