@@ -520,6 +520,60 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
 
 
 @only_jax
+@pytest.mark.parametrize("unpack", [True, False], ids=["parts", "packed"])
+def test_jax_bucket_goes_to_the_host_unpacked(monkeypatch, unpack):
+    """A packed gradient bucket (``concatenate`` of flattened values, reduced in place) reaches
+    the host as its parts, each XLA's own buffer in its own shape, and the slices of the reduced
+    bucket are those parts: no XLA concatenate (a per-element loop on CPU), no copy. A reader
+    of the whole bucket still gets it whole. Off (``UNPACK_BUCKETS = False``): the same values
+    from one packed buffer."""
+    from replicate.backends import jax_backend
+    from replicate.backends.jax_host import available
+    from replicate.graph.core import bind
+    from replicate.graph.reference import IMPL
+
+    if not available():
+        pytest.skip("buffer_callback not available in this JAX (host nodes cut segments)")
+    got = []
+
+    def start(x, *, op, owned=False, **_):  # as the communication thread: in place
+        assert owned and op == "sum"
+        got.append([(a.shape, a.flags.owndata, a.flags.writeable)
+                    for a in (x if isinstance(x, list) else [x])])
+        for a in (x if isinstance(x, list) else [x]):
+            a *= 2.0
+        return x
+
+    monkeypatch.setitem(IMPL, "comm_start", start)
+    monkeypatch.setitem(IMPL, "comm_wait", lambda handle, **_: handle)
+    monkeypatch.setattr(jax_backend, "UNPACK_BUCKETS", unpack)
+
+    def step(w, b, x):
+        gw, gb = rnp.tanh(w * x.sum()), rnp.exp(b) + x.sum()
+        flat = rnp.concatenate([rnp.reshape(gw, (-1,)), gb, rnp.reshape(x * 3.0, (-1,))], 0)
+        handle = bind("comm_start", flat, op="sum", size=2, bucket=0, owned=True)
+        red = bind("comm_wait", handle, bucket=0)
+        gw2 = rnp.reshape(red[0:6], (3, 2))
+        return w - 0.5 * gw2, b - red[6:8], red.sum() + red[1:7].sum()
+
+    w, b = np.linspace(-1, 1, 6).reshape(3, 2), np.array([0.25, -0.5])
+    x = np.linspace(0, 1, 12).reshape(4, 3)
+    graph = rp.function(step).graph(w, b, x)
+    exe = jax_backend.lower(graph)
+    gw, gb = 2 * np.tanh(w * x.sum()), 2 * (np.exp(b) + x.sum())
+    whole = np.concatenate([gw.ravel(), gb, 6 * x.ravel()])
+    for _ in range(2):
+        nw, nb, total = exe([w, b, x])
+        np.testing.assert_allclose(nw, w - 0.5 * gw, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(nb, b - gb, rtol=1e-12)
+        np.testing.assert_allclose(total, whole.sum() + whole[1:7].sum(), rtol=1e-12)
+    want = [((3, 2), False, True), ((2,), False, True), ((4, 3), False, True)] if unpack \
+        else [((20,), False, True)]
+    assert got == [want, want]  # XLA's own writable buffers; the parts in their shapes
+    assert exe.run.traces == 1 and not exe.run.calls.values
+
+
+@only_jax
 def test_jax_runs_fused_groups_and_large_constants():
     """The JAX pipeline leaves fusion to XLA, but a graph fused by the NumPy pipeline runs too;
     a large constant is moved to the device once and passed in."""

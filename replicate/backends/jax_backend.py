@@ -35,7 +35,7 @@ from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
 from .base import Executable, Staged
 from .cuda_ops import POW_MESSAGE
-from .jax_host import HostCalls, available, check_result, opaque_values
+from .jax_host import HostCalls, Parts, available, check_result, opaque_values, unpacked_buckets
 from .jax_impl import JAX, apply, pow_checked
 
 name = "jax"
@@ -56,6 +56,9 @@ INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with a
 # Host nodes (communication) run inside the jit as ordered callbacks (``jax_host.py``): one
 # program per step. False: the graph is cut at each host node into jitted segments.
 HOST_IN_JIT = True
+# A packed gradient bucket's parts go to its callbacks as separate buffers, not concatenated by
+# XLA (``jax_host.Parts``). False: the packed bucket (for comparing the two).
+UNPACK_BUCKETS = True
 
 
 def is_host(node) -> bool:
@@ -104,7 +107,8 @@ class _Segment:
         self.program.traces += 1
         self.program.calls.begin()
         env = eval_nodes(self.nodes, dict(zip(self.reads, args)), self.apply)
-        return tuple(env[i] for i in self.writes)
+        return tuple(env[i].whole() if isinstance(env[i], Parts) else env[i]
+                     for i in self.writes)
 
     def first_call(self, args):
         with warnings.catch_warnings():  # an output XLA forwards cannot take a donated buffer
@@ -176,7 +180,8 @@ class JaxProgram:
         if HOST_IN_JIT and available():
             cuts = _never
             opaque = opaque_values(nodes, is_host, {o.id for o in graph.outputs})
-            seg_apply = self._host_apply(opaque)
+            packs, flats = unpacked_buckets(nodes, opaque) if UNPACK_BUCKETS else (set(), set())
+            seg_apply = self._host_apply(opaque, packs, flats)
         k = 0
         while k < len(nodes):
             node = nodes[k]
@@ -225,10 +230,25 @@ class JaxProgram:
         hit = self._views.get(id(x))
         return hit[1] if hit is not None and hit[0] is x else None
 
-    def _host_apply(self, opaque):
+    def _host_apply(self, opaque, packs, flats):
         calls = self.calls
 
         def host_apply(node, args):
+            if node.out.id in flats:  # a part's flattening for its bucket: kept whole
+                return args[0]
+            if node.out.id in packs:  # a bucket's packing: its parts go to the callbacks
+                return Parts(args)
+            if node.prim == "comm_start" and isinstance(args[0], Parts):
+                return calls.parts_start(node, args[0])
+            if node.prim == "comm_wait" and isinstance(args[0], tuple) \
+                    and isinstance(args[0][1], Parts):
+                return calls.parts_wait(node, *args[0])
+            if any(isinstance(a, Parts) for a in args):
+                part = args[0].part(node.attrs["index"]) if node.prim == "getitem" \
+                    and len(args) == 1 else None
+                if part is not None:
+                    return part
+                args = [a.whole() if isinstance(a, Parts) else a for a in args]
             if not is_host(node):
                 return apply(node, args)
             return calls.node(node, args, opaque=node.out.id in opaque,

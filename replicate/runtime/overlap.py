@@ -13,6 +13,8 @@ from __future__ import annotations
 import queue
 import threading
 
+import numpy as np
+
 from .comm import group
 
 _threads: dict = {}  # communicator label -> its communication thread
@@ -70,5 +72,37 @@ def comm_thread(label: str | None = None) -> CommThread:
 
 
 def start_allreduce(x, op: str, inplace: bool = False, comm: str | None = None) -> Handle:
-    """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket)."""
+    """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket).
+
+    ``x`` may be a list of arrays: a bucket left unpacked (its parts, as the JAX backend
+    hands them over, see ``backends/jax_host.py``), reduced over themselves; the handle's result
+    is that list."""
+    if isinstance(x, list):
+        return comm_thread(comm).submit(reduce_parts, x, op)
     return comm_thread(comm).submit(lambda c, x: c.allreduce(x, op, inplace), x)
+
+
+PACK_BELOW = 1 << 20  # parts of an unpacked bucket smaller than this travel packed together
+
+
+def reduce_parts(comm, parts: list, op: str) -> list:
+    """Reduce each of ``parts`` (writeable C-contiguous arrays of one dtype) over itself, as
+    one packed bucket of them would be: every element is combined the same way (the reductions
+    are elementwise and fixed-order), so the bits are the packed bucket's. The small parts go
+    together in one packed exchange, each large one in its own: the large ones are never
+    copied, and the exchanges are no more than the pieces a packed bucket is sent in."""
+    small = [p for p in parts if p.nbytes < PACK_BELOW]
+    if len(small) > 1:
+        packed = comm.allreduce(np.concatenate([p.reshape(-1) for p in small]), op, True)
+        offset = 0
+        for p in small:
+            p[...] = packed[offset:offset + p.size].reshape(p.shape)
+            offset += p.size
+    together = {id(p) for p in small} if len(small) > 1 else set()
+    for p in parts:
+        if id(p) in together:
+            continue
+        reduced = comm.allreduce(p, op, True)
+        if not (reduced.ctypes.data == p.ctypes.data and reduced.strides == p.strides):
+            p[...] = reduced
+    return parts

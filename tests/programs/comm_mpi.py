@@ -1,6 +1,7 @@
 """The communicator's reductions under MPI: every path (gathered, MPI's own Allreduce for two
 processes, the all-to-all split, pieces of ``_CHUNK_BYTES``) must give bitwise the rank-ordered
-combination of every rank's buffer, on every rank. Exits non-zero on the first difference.
+combination of every rank's buffer, on every rank; so must an unpacked bucket's parts. Exits
+non-zero on the first difference.
 
     mpiexec -n 2 python tests/programs/comm_mpi.py
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from replicate.runtime import comm as C
+from replicate.runtime.overlap import PACK_BELOW, reduce_parts
 
 
 def expected(gathered, op):
@@ -54,6 +56,21 @@ def main():
     s = w.allreduce(y, "sum")
     if s.shape != y.shape or not np.array_equal(s, y * (w.size + 1) * w.size / 2 / (w.rank + 1)):
         failures.append("2-D sum")
+    # an unpacked bucket (overlap.reduce_parts: the JAX backend's gradient parts): every part
+    # bitwise as the packed bucket of them, written over itself, on every rank
+    shapes = [(3,), (257, 5), (1,), (PACK_BELOW // 4 + 3,), (40_000,), (2, 300_000)]
+    for dtype in ("float32", "float64"):
+        for op in ("sum", "max"):
+            rng = np.random.default_rng(7 + w.rank)
+            parts = [rng.standard_normal(s).astype(dtype) for s in shapes]
+            want = w.allreduce(np.concatenate([p.reshape(-1) for p in parts]), op)
+            where = [p.ctypes.data for p in parts]
+            got = reduce_parts(w, parts, op)
+            flat = np.concatenate([p.reshape(-1) for p in got])
+            if got is not parts or [p.ctypes.data for p in got] != where:
+                failures.append(f"parts {op} {dtype}: not reduced over themselves")
+            if flat.tobytes() != want.tobytes():
+                failures.append(f"parts {op} {dtype}: differ from the packed bucket")
     if failures:
         raise SystemExit("bitwise differences: " + "; ".join(failures))
     if w.rank == 0:
