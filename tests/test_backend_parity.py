@@ -340,6 +340,11 @@ def two_process_main(backend):
         from replicate.backends.jax_host import available
         kernels = rep.executable().kernels
         assert len(kernels) == 1 or not available(), kernels
+        # the buckets' blocking all-reduces (no overlap), their parts reduced over XLA's buffers
+        hist, params, rep = replicated_training(backend, options=dict(options, overlap=False))
+        assert_nests_same(hist, want_hist, "per-step outputs (overlap=False)")
+        assert_nests_same(params, want_params, "parameters (overlap=False)")
+        assert "comm_start" not in {n.prim for n in rep.executable().graph.nodes}
     print(f"rank {rep.rank}: parity ok on {backend}", flush=True)
 
 
@@ -520,13 +525,15 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
 
 
 @only_jax
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "blocking"])
 @pytest.mark.parametrize("unpack", [True, False], ids=["parts", "packed"])
-def test_jax_bucket_goes_to_the_host_unpacked(monkeypatch, unpack):
+def test_jax_bucket_goes_to_the_host_unpacked(monkeypatch, unpack, overlap):
     """A packed gradient bucket (``concatenate`` of flattened values, reduced in place) reaches
     the host as its parts, each XLA's own buffer in its own shape, and the slices of the reduced
     bucket are those parts: no XLA concatenate (a per-element loop on CPU), no copy. A reader
-    of the whole bucket still gets it whole. Off (``UNPACK_BUCKETS = False``): the same values
-    from one packed buffer."""
+    of the whole bucket still gets it whole. So with ``overlap`` (``comm_start``/``comm_wait``)
+    and without (one blocking ``mpi_allreduce``). Off (``UNPACK_BUCKETS = False``): the same
+    values from one packed buffer."""
     from replicate.backends import jax_backend
     from replicate.backends.jax_host import available
     from replicate.graph.core import bind
@@ -546,13 +553,17 @@ def test_jax_bucket_goes_to_the_host_unpacked(monkeypatch, unpack):
 
     monkeypatch.setitem(IMPL, "comm_start", start)
     monkeypatch.setitem(IMPL, "comm_wait", lambda handle, **_: handle)
+    monkeypatch.setitem(IMPL, "mpi_allreduce", start)  # (overlap=False: one blocking node)
     monkeypatch.setattr(jax_backend, "UNPACK_BUCKETS", unpack)
 
     def step(w, b, x):
         gw, gb = rnp.tanh(w * x.sum()), rnp.exp(b) + x.sum()
         flat = rnp.concatenate([rnp.reshape(gw, (-1,)), gb, rnp.reshape(x * 3.0, (-1,))], 0)
-        handle = bind("comm_start", flat, op="sum", size=2, bucket=0, owned=True)
-        red = bind("comm_wait", handle, bucket=0)
+        if overlap:
+            handle = bind("comm_start", flat, op="sum", size=2, bucket=0, owned=True)
+            red = bind("comm_wait", handle, bucket=0)
+        else:
+            red = bind("mpi_allreduce", flat, op="sum", size=2, bucket=0, owned=True)
         gw2 = rnp.reshape(red[0:6], (3, 2))
         return w - 0.5 * gw2, b - red[6:8], red.sum() + red[1:7].sum()
 

@@ -240,6 +240,8 @@ class JaxProgram:
                 return Parts(args)
             if node.prim == "comm_start" and isinstance(args[0], Parts):
                 return calls.parts_start(node, args[0])
+            if node.prim == "mpi_allreduce" and isinstance(args[0], Parts):
+                return calls.parts_reduce(node, args[0])
             if node.prim == "comm_wait" and isinstance(args[0], tuple) \
                     and isinstance(args[0][1], Parts):
                 return calls.parts_wait(node, *args[0])

@@ -180,24 +180,37 @@ class HostCalls:
     def parts_wait(self, node, ticket, parts: "Parts") -> "Parts":
         """The ``comm_wait`` of :meth:`parts_start`: waits, and returns the same buffers."""
         rule, values = IMPL[node.prim], self.values
+        return self._over_parts(node, parts, lambda t, bufs: rule(values.pop(int(np.asarray(t)))),
+                                ticket)
 
-        def _replicate_host_call(ctx, outs, order, ticket, *xs):
+    def parts_reduce(self, node, parts: "Parts") -> "Parts":
+        """A blocking all-reduce of an unpacked bucket (``mpi_allreduce``, ``overlap=False``),
+        over its parts."""
+        rule, attrs = IMPL[node.prim], node.attrs
+        return self._over_parts(node, parts, lambda bufs: rule(bufs, **attrs))
+
+    def _over_parts(self, node, parts, compute, *extra) -> "Parts":
+        """One callback whose results alias ``parts``: ``compute(*extra, buffers)`` gives their
+        new values (the buffers themselves when reduced in place, as they are)."""
+        k, n = len(extra), len(parts.arrays)
+
+        def _replicate_host_call(ctx, outs, order, *xs):
             try:
                 *bufs, done = outs
-                reduced = rule(values.pop(int(np.asarray(ticket))))
-                for b, r in zip(bufs, reduced):
-                    b = np.asarray(b)
-                    if not (r.ctypes.data == b.ctypes.data and r.strides == b.strides):
+                bufs = [np.asarray(b) for b in bufs]
+                for b, r in zip(bufs, compute(*xs[:k], bufs)):
+                    if not (isinstance(r, np.ndarray) and r.ctypes.data == b.ctypes.data
+                            and r.dtype == b.dtype and r.strides == b.strides):
+                        check_result(node, r, b.shape, b.dtype)
                         b[...] = r  # (XLA copied a carried buffer: the copy gets the result)
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:
                 self._failed(e)
                 raise
-        n = len(parts.arrays)
         call = buffer_callback(_replicate_host_call, parts.avals() + (_TICKET,),
                                has_side_effect=True,
-                               input_output_aliases={i + 2: i for i in range(n)})
-        *bufs, self._order = call(self._order, ticket, *parts.arrays)
+                               input_output_aliases={i + 1 + k: i for i in range(n)})
+        *bufs, self._order = call(self._order, *extra, *parts.arrays)
         return Parts(bufs)
 
     def _failed(self, e: BaseException):
@@ -244,9 +257,10 @@ class Parts:
 
 def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
     """The values to hand over as :class:`Parts`: ids of the ``concatenate`` values of buckets
-    (1-D values joined on axis 0) that only their ``comm_start`` reads, which reduces it in place
-    (``owned``) and whose handle only host nodes read (its ``comm_wait``); and ids of the
-    flattening ``reshape`` values only such a packing reads (the parts keep their shapes)."""
+    (1-D values joined on axis 0) that only their all-reduce reads, which reduces it in place
+    (``owned``): a blocking ``mpi_allreduce``, or a ``comm_start`` whose handle only host nodes
+    read (its ``comm_wait``); and ids of the flattening ``reshape`` values only such a packing
+    reads (the parts keep their shapes)."""
     readers: dict = {}
     made: dict = {}
     for n in nodes:
@@ -259,8 +273,9 @@ def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
         if (n.prim == "concatenate" and n.attrs.get("axis") == 0
                 and all(len(x.aval.shape) == 1 and x.aval.dtype == n.out.aval.dtype
                         for x in n.inputs)
-                and len(r) == 1 and r[0].prim == "comm_start" and r[0].attrs.get("owned")
-                and r[0].out.id in opaque and n.out.id not in opaque):
+                and len(r) == 1 and r[0].attrs.get("owned") and n.out.id not in opaque
+                and (r[0].prim == "mpi_allreduce"
+                     or r[0].prim == "comm_start" and r[0].out.id in opaque)):
             packs.add(n.out.id)
             flats.update(x.id for x in n.inputs if x.id in made and made[x.id].prim == "reshape"
                          and len(readers[x.id]) == 1)

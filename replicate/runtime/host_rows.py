@@ -20,7 +20,7 @@ from ..graph.aval import AVal
 from ..graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
 from .comm import group, replicas
-from .overlap import start_allreduce
+from .overlap import reduce_parts, start_allreduce
 
 _HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
 _ARGS = {"all_reduce": ("op",), "all_gather": ("axis", "tiled"), "broadcast": ("root",),
@@ -99,8 +99,10 @@ IMPL.update({
     "all_reduce": _all_reduce, "all_gather": _all_gather, "broadcast": _broadcast,
     "reduce_scatter": _reduce_scatter, "permute": _permute,
     # (comm: the communicator of a device's processes, with model parallelism; else the world)
-    "mpi_allreduce": lambda x, op, owned=False, comm=None, **_: group(comm).allreduce(x, op,
-                                                                                      owned),
+    # (a list: an unpacked bucket's parts, reduced over themselves; see overlap.reduce_parts)
+    "mpi_allreduce": lambda x, op, owned=False, comm=None, **_: (
+        reduce_parts(group(comm), x, op) if isinstance(x, list)
+        else group(comm).allreduce(x, op, owned)),
     "mpi_allgather": lambda x, size, comm=None, **_: group(comm).allgather(x),
     "mpi_broadcast": lambda x, root, comm=None, **_: group(comm).bcast(x, root),
     "comm_start": lambda x, *, op, owned=False, comm=None, **_: start_allreduce(x, op, owned,
