@@ -16,7 +16,9 @@ fails at any point ends the job with its traceback. The launcher also knows whet
 finished its script (``replicate/runtime/status.py``): a job where ``mpiexec`` returns 0 but a rank
 left early (``exit()`` below Python ends the others silently) exits 1 and says which rank and at
 which step, and a rank that dies where ``mpiexec`` does not end the others (before MPI is up) ends
-the job within seconds instead of leaving them waiting.
+the job within seconds instead of leaving them waiting. When the job has ended, the launcher
+removes the MPICH shared-memory files in ``/dev/shm`` its ranks recorded and left behind (a job
+ended by a signal, or by mpiexec after a rank died; see ``replicate/runtime/mpi_shm.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from .runtime import status
+from .runtime import mpi_shm, status
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
 PREFIX = "[replicate.launch]"
@@ -302,6 +304,8 @@ def main(argv=None) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
             exits.close()
+            if proc.poll() is not None:  # the job's ranks are gone: MPICH's files they left
+                mpi_shm.remove_recorded(folder)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,26 @@ def report(result) -> str:
             f"{result.stdout}\n--- stderr\n{result.stderr}")
 
 
+SHM_MARK = "mpich-shm-mapped:"  # a line a test program prints: ``... mpich-shm-mapped: PATHS``
+
+
+def shm_mapped(result) -> set[str]:
+    """The MPICH shared-memory files (``/dev/shm/mpich_shm_*``) a job's ranks printed they had
+    mapped (``replicate.runtime.mpi_shm.mapped()``, after ``SHM_MARK``)."""
+    found = set()
+    for line in result.stdout.splitlines():
+        if SHM_MARK in line:
+            found.update(line.split(SHM_MARK, 1)[1].split())
+    return found
+
+
+def assert_no_shm_left(result):
+    """None of the shared-memory files the job's ranks printed outlives the job (MPICH removes
+    them only in ``MPI_Finalize``; an aborted job's ranks, or the launcher, must)."""
+    left = sorted(p for p in shm_mapped(result) if os.path.exists(p))
+    assert not left, f"the job left its shared memory behind: {left}\n{report(result)}"
+
+
 def orphans(token):
     """Processes still running whose command line holds ``token``."""
     found = []

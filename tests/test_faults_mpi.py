@@ -30,6 +30,7 @@ from conftest import (
     needs_mpi,
     report,
 )
+from replicate.runtime import mpi_shm
 
 pytestmark = needs_mpi
 PROGRAM = "faults_mpi.py"
@@ -89,7 +90,7 @@ def _run_and_kill(args, rank, step):
     cmd = [MPIEXEC, "-n", "2", sys.executable, *args, "--token", token]
     proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines, pid, killed_at = [], None, None
+    lines, pid, killed_at, shm = [], None, None, []
     deadline = time.monotonic() + 60
     try:
         for line in proc.stdout:  # (two ranks' lines may arrive glued together)
@@ -97,6 +98,8 @@ def _run_and_kill(args, rank, step):
             pid = pid or next(iter(re.findall(rf"rank {rank} pid (\d+)", line)), None)
             steps = [int(s) for s in re.findall(rf"rank {rank} step (\d+)", line)]
             if pid and steps and max(steps) >= step:
+                # no rank aborts: MPICH's files in /dev/shm would outlive the job (removed below)
+                shm = mpi_shm.identify(f"/proc/{pid}/maps")
                 os.kill(int(pid), signal.SIGKILL)
                 killed_at = time.monotonic()
                 break
@@ -113,6 +116,7 @@ def _run_and_kill(args, rank, step):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        mpi_shm.remove_same(shm)
     seconds = time.monotonic() - killed_at
     assert_no_orphans(token)
     return proc.returncode, seconds, "".join(lines) + out, err

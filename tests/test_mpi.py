@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, mpirun, needs_mpi
+from conftest import PROGRAMS, assert_no_shm_left, mpirun, needs_mpi, shm_mapped
 
 sys.path.insert(0, PROGRAMS)
 import collective_cases as cc  # noqa: E402
@@ -132,6 +132,21 @@ def test_exception_on_one_rank_ends_the_job(scenario, mode):
     assert "rank 1" in result.stderr, report
     # the failing rank does not go on running the user's code after the failed run
     assert "rank 1 finished" not in result.stdout, report
+    assert_no_shm_left(result)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"),
+                    reason="needs /proc/self/maps (Linux) to find MPICH's shared-memory files")
+def test_an_aborted_job_leaves_no_shared_memory_behind():
+    """MPICH removes its file in /dev/shm (2 MB per job) only in MPI_Finalize: a job that ends by
+    MPI_Abort (a step that raises on rank 1) would leave it until the machine restarts. The
+    aborting rank removes the names of the files it has mapped before MPI_Abort."""
+    result = mpirun("failures_mpi.py", "step-raises", "--mode", "eager")
+    assert result.returncode != 0, _report(result)
+    assert "failed on rank 1" in result.stderr, _report(result)
+    assert result.stdout.count("mpich-shm-mapped:") == 2, _report(result)
+    assert shm_mapped(result), _report(result)  # the files the ranks had mapped...
+    assert_no_shm_left(result)  # ...are gone
 
 
 def test_exception_outside_the_replicator_ends_the_job():
@@ -140,6 +155,7 @@ def test_exception_outside_the_replicator_ends_the_job():
     report = _report(result)
     assert result.returncode != 0, report
     assert "rank 1 failed outside the Replicator" in result.stderr, report
+    assert_no_shm_left(result)
 
 
 @pytest.mark.parametrize("mode,k", [("graph", 1), ("graph", 2), ("eager", 1)])

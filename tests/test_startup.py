@@ -22,10 +22,12 @@ from conftest import (
     PROGRAMS,
     ROOT,
     assert_no_orphans,
+    assert_no_shm_left,
     child_env,
     needs_mpi,
     report,
     run,
+    shm_mapped,
 )
 
 PROGRAM = "startup_mpi.py"
@@ -51,6 +53,7 @@ def job(case, *extra, n=2, launcher=False, bootstrap=True, timeout=60, **env):
                *args]
     result = run(cmd, timeout=timeout, env=child_env(**env))
     assert_no_orphans(token)
+    assert_no_shm_left(result)
     return result
 
 
@@ -157,6 +160,19 @@ def test_exit_0_below_python_is_caught_by_the_launcher(n):
     else:
         assert "[replicate.launch] rank 1 ended first, at step 3, without finishing its " \
                "script" in text, text
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"),
+                    reason="needs /proc/self/maps (Linux) to find MPICH's shared-memory files")
+@mpi
+def test_the_launcher_removes_the_shared_memory_of_a_job_no_rank_aborted():
+    """Rank 1 ends by ``_exit(0)`` below Python and mpiexec kills rank 0: no rank ran the
+    cleanup before ``MPI_Abort``, and MPICH's file in /dev/shm would stay until the machine
+    restarts. The launcher removes the files its ranks recorded (``runtime/mpi_shm.py``)."""
+    result = job("c-exit-0", launcher=True)  # (job() asserts that none is left)
+    assert result.returncode != 0, report(result)
+    assert result.stdout.count("mpich-shm-mapped:") == 2, report(result)
+    assert shm_mapped(result), report(result)
 
 
 # -- ranks configured differently ----------------------------------------------------------------

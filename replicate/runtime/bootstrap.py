@@ -26,7 +26,7 @@ import runpy
 import sys
 
 from . import comm as comm_module
-from . import hooks, status
+from . import hooks, mpi_shm, status
 
 USAGE = """usage: python -m replicate [--] script.py [args...]
        python -m replicate -m module [args...]
@@ -152,6 +152,7 @@ def _start(rank):
         _abort_if_possible()
         raise SystemExit(1) from None
     status.set_state(status.RUNNING)
+    mpi_shm.record(os.environ.get(status.ENV), comm.rank)  # (the launcher removes them if need be)
     return comm
 
 
@@ -160,6 +161,7 @@ def _abort_if_possible():
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            mpi_shm.unlink_mapped()
             MPI.COMM_WORLD.Abort(1)
     except Exception:  # noqa: BLE001, S110 - nothing more can be done here
         pass

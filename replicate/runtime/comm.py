@@ -23,7 +23,7 @@ from time import monotonic
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from . import hooks, status, watchdog
+from . import hooks, mpi_shm, status, watchdog
 from .watchdog import TRACKER, Call
 
 _SPLIT_MIN = 4096  # elements per rank below which gathering whole buffers is cheaper
@@ -256,9 +256,8 @@ class MPIComm:
 
     def split(self, color: int, label: str, key: int | None = None):
         """The processes that pass the same ``color`` as one communicator (ranked by ``key``,
-        default as here),
-        labelled ``label`` for the watchdog, which also learns its members (world ranks).
-        Called by every process of this one."""
+        default as here), labelled ``label`` for the watchdog, which also learns its members
+        (world ranks). Called by every process of this one."""
         ident = self._enter("split")
         try:
             comm = self.comm.Split(int(color), self.rank if key is None else key)
@@ -271,6 +270,7 @@ class MPIComm:
 
     def abort(self, code: int = 1):
         status.set_state(status.FAILED, code)  # (for the launcher: this rank said why)
+        mpi_shm.unlink_mapped()  # (MPICH's files in /dev/shm: only MPI_Finalize removes them)
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(0.5)  # let mpiexec forward this rank's last words before the abort kills all

@@ -28,7 +28,7 @@ import threading
 import traceback
 
 from ..errors import user_traceback
-from . import status, watchdog
+from . import mpi_shm, status, watchdog
 
 _real_exit = real_exit = os._exit  # (the hooks replace os._exit; the library exits with this)
 _installed = {}  # "comm": the communicator the hooks abort; "pid": the process they belong to
@@ -113,6 +113,7 @@ def _os_exit(code):
     code = int(code)
     if getattr(comm, "size", 1) == 1:  # one process: only the launcher's record
         finish(code)
+        mpi_shm.unlink_mapped()  # (MPI is not finalised: its files in /dev/shm would stay)
         _real_exit(code)
     if code != 0:
         abort(comm, code, f"[replicate] rank {comm.rank}: os._exit({code}){where()}; "

@@ -13,6 +13,7 @@ import numpy as np
 
 import replicate as rp
 from replicate.runtime.comm import world
+from replicate.runtime.mpi_shm import mapped
 
 
 def scenario(name, rank, mode):
@@ -48,6 +49,7 @@ if __name__ == "__main__":
     ap.add_argument("--k", type=int, default=1)
     a = ap.parse_args()
     rank = world().rank
+    print(f"rank {rank} mpich-shm-mapped: {' '.join(mapped())}", flush=True)  # (for the tests)
     if a.scenario == "raises-outside":  # not inside the Replicator: plain Python code fails
         if rank == 1:
             raise ValueError("rank 1 failed outside the Replicator")

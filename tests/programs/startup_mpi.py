@@ -48,6 +48,7 @@ if CASE == "argparse-error" and ME == RANK:
 args = parser.parse_args()
 rank = rp.runtime.comm.world().rank
 assert rank == ME
+say(f"rank {rank} mpich-shm-mapped: {' '.join(rp.runtime.mpi_shm.mapped())}")
 
 if CASE == "raise-after-import" and rank == RANK:
     raise ValueError(f"rank {rank} broke before its Replicator")  # MARK after-import
