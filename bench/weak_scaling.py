@@ -316,7 +316,8 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     results = launch(args)
-    command = "python bench/weak_scaling.py" + (" --quick" if args.quick else "")
+    command = "python bench/weak_scaling.py" + (" --quick" if args.quick else "") + (
+        f" --pairs {args.pairs}" if args.pairs != 3 and not args.quick else "")
     text, eff = report(results, command, args.quick)
     if not args.quick:
         C.save_json("weak_scaling", {"machine": C.machine(), "results": results,
