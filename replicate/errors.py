@@ -36,6 +36,13 @@ class DTypeError(ReplicateError, TypeError):
     a dtype that is not bool, integer or float."""
 
 
+class NegativePowerError(DTypeError, ValueError):
+    """An integer raised to a negative integer power, found when the exponent is known (eager
+    mode, constants): a ``DTypeError``, and a ``ValueError`` as NumPy's error is (and as the
+    compiled step raises when the exponent is known only at run time), so ``except ValueError``
+    catches it in every mode."""
+
+
 class IndexOutOfRangeError(ShapeError, IndexError):
     """An index array holds an index outside its axis: found when the indices are known (eager
     mode, constants); in a compiled step NumPy's ``IndexError`` names the op and the line."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import is_float
-from ..errors import DTypeError
+from ..errors import DTypeError, NegativePowerError
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, promote
 
@@ -76,8 +76,8 @@ def power(a, b):
     """
     a, b = promote(a, b)
     if np.issubdtype(b.dtype, np.integer) and not b.symbolic and b.size and b.value.min() < 0:
-        raise DTypeError("integers to negative integer powers are not allowed (as in NumPy); "
-                         "raise floats instead")
+        raise NegativePowerError("integers to negative integer powers are not allowed (as in "
+                                 "NumPy); raise floats instead")
     return bind("pow", a, b)
 
 
