@@ -273,6 +273,7 @@ def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
         if (n.prim == "concatenate" and n.attrs.get("axis") == 0
                 and all(len(x.aval.shape) == 1 and x.aval.dtype == n.out.aval.dtype
                         for x in n.inputs)
+                and len({x.id for x in n.inputs}) == len(n.inputs)  # (each part its own buffer)
                 and len(r) == 1 and r[0].attrs.get("owned") and n.out.id not in opaque
                 and (r[0].prim == "mpi_allreduce"
                      or r[0].prim == "comm_start" and r[0].out.id in opaque)):
