@@ -255,12 +255,13 @@ class Parts:
         return None
 
 
-def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
+def unpacked_buckets(nodes, opaque: set, outputs: set) -> tuple[set, set]:
     """The values to hand over as :class:`Parts`: ids of the ``concatenate`` values of buckets
     (1-D values joined on axis 0) that only their all-reduce reads, which reduces it in place
     (``owned``): a blocking ``mpi_allreduce``, or a ``comm_start`` whose handle only host nodes
     read (its ``comm_wait``); and ids of the flattening ``reshape`` values only such a packing
-    reads (the parts keep their shapes)."""
+    reads (the parts keep their shapes). A graph output (``outputs``, ids) counts as a reader:
+    a flattening that the step also returns keeps its own (flat) value."""
     readers: dict = {}
     made: dict = {}
     for n in nodes:
@@ -274,12 +275,13 @@ def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
                 and all(len(x.aval.shape) == 1 and x.aval.dtype == n.out.aval.dtype
                         for x in n.inputs)
                 and len({x.id for x in n.inputs}) == len(n.inputs)  # (each part its own buffer)
-                and len(r) == 1 and r[0].attrs.get("owned") and n.out.id not in opaque
-                and (r[0].prim == "mpi_allreduce"
+                and len(r) == 1 and n.out.id not in outputs and r[0].attrs.get("owned")
+                and n.out.id not in opaque
+                and (r[0].prim == "mpi_allreduce" and r[0].out.id not in opaque
                      or r[0].prim == "comm_start" and r[0].out.id in opaque)):
             packs.add(n.out.id)
             flats.update(x.id for x in n.inputs if x.id in made and made[x.id].prim == "reshape"
-                         and len(readers[x.id]) == 1)
+                         and len(readers[x.id]) == 1 and x.id not in outputs)
     return packs, flats
 
 
