@@ -272,8 +272,9 @@ class Parts:
     by one by the slices that read the reduced bucket. XLA's CPU concatenate is a loop over
     every element: for the 7.4 MB gradient bucket of the 784-1024-1024-10 MLP it cost about
     2 ms a step, as much as the all-reduce itself; and a flattened operand (a reshape) gets a
-    copy where the callback writes over it. The parts cost no copy. Anything else that reads
-    the bucket gets the whole array (``whole``)."""
+    copy where the callback writes over it. The parts cost no copy, but for one that something
+    else reads too (XLA copies it first). Anything else that reads the bucket gets the whole
+    array (``whole``)."""
 
     def __init__(self, arrays):
         self.arrays = list(arrays)
