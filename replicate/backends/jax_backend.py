@@ -179,8 +179,10 @@ class JaxProgram:
         cuts, seg_apply = is_host, apply
         if HOST_IN_JIT and available():
             cuts = _never
-            opaque = opaque_values(nodes, is_host, {o.id for o in graph.outputs})
-            packs, flats = unpacked_buckets(nodes, opaque) if UNPACK_BUCKETS else (set(), set())
+            outputs = {o.id for o in graph.outputs}
+            opaque = opaque_values(nodes, is_host, outputs)
+            packs, flats = unpacked_buckets(nodes, opaque, outputs) if UNPACK_BUCKETS \
+                else (set(), set())
             seg_apply = self._host_apply(opaque, packs, flats)
         k = 0
         while k < len(nodes):

@@ -23,15 +23,21 @@ its 8 s first step) and moved every value between segments through Python.
   wait returns: no copy in or out. Where XLA must copy an aliased buffer (another reader) the
   callback sees the copy and the result is still right. Any other operand kept past the call
   (a one-tensor bucket in flight) gets a copy: XLA's buffers live for the call only.
+* **Parts.** A packed bucket goes to its callbacks as the values its ``concatenate`` would
+  have joined (:class:`Parts`, ``unpacked_buckets``), each its own XLA buffer aliased by a
+  result, the same way; a part that something else reads too (a graph input, a constant, a
+  gradient the step also uses) is copied by XLA before the callback writes over it.
 * **Errors.** An exception in a callback (a peer's failure, a timeout) reaches XLA as a runtime
   error string; :class:`HostCalls` keeps the original, and the program raises *it*, with its
-  type and notes, instead of XLA's wrapper.
+  type and notes, instead of XLA's wrapper. The failing callback first waits for the buckets
+  still in flight (``HostCalls._failed``): XLA frees their buffers when the program stops.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +51,7 @@ except ImportError:  # older JAX: the graph is cut at host nodes instead
     buffer_callback = None
 
 _TICKET = jax.ShapeDtypeStruct((), np.int32)
+DRAIN_S = 10.0  # after a failed callback, how long to wait for the buckets still in flight
 
 
 def available() -> bool:
@@ -75,6 +82,7 @@ class HostCalls:
 
     def __init__(self):
         self.values: dict = {}  # ticket -> a host value only host nodes read
+        self._in_flight: set = set()  # tickets of buckets started and not yet waited for
         self._tickets = itertools.count(1)
         self.failure: BaseException | None = None
         self._order = None  # while tracing: the last callback's ticket
@@ -110,7 +118,7 @@ class HostCalls:
         # XLA's buffers live for the call only: a rule that keeps an operand past the call (a
         # bucket in flight) and does not own XLA's buffer for it gets its own copy
         copy = opaque and not inplace
-        values, tickets = self.values, self._tickets
+        started = node.prim == "comm_start"
 
         def _replicate_host_call(ctx, outs, order, *xs):
             try:
@@ -122,15 +130,13 @@ class HostCalls:
                         x = np.asarray(outs[0]) if j == 0 and inplace else (
                             np.asarray(x).copy() if copy else np.asarray(x))
                     else:
-                        x = values.pop(int(np.asarray(x)))
+                        x = self._take(x)
                         if kind == "hb":
                             next(it)  # the bucket: the handle reduces it in place
                     xs_in.append(x)
                 value = rule(*xs_in, **attrs)
                 if opaque:
-                    ticket = next(tickets) & 0x7FFFFFFF
-                    values[ticket] = value
-                    np.asarray(outs[-1])[...] = ticket
+                    np.asarray(outs[-1])[...] = self._keep(value, started)
                 else:  # never let NumPy broadcast or cast a wrong result into XLA's buffer
                     check_result(node, value, shape, dtype)
                     out = np.asarray(outs[0])
@@ -158,14 +164,13 @@ class HostCalls:
         """A bucket's ``comm_start`` over its parts (an unpacked bucket): each part is XLA's
         buffer, aliased by a result, reduced in place on the communication thread; returns
         ``(ticket, Parts)``, the parts carried to the ``comm_wait`` as live XLA buffers."""
-        rule, attrs, values, tickets = IMPL[node.prim], node.attrs, self.values, self._tickets
+        rule, attrs = IMPL[node.prim], node.attrs
 
         def _replicate_host_call(ctx, outs, order, *xs):
             try:
                 *bufs, ticket_out, done = outs
-                ticket = next(tickets) & 0x7FFFFFFF
-                values[ticket] = rule([np.asarray(b) for b in bufs], **attrs)
-                np.asarray(ticket_out)[...] = ticket
+                handle = rule([np.asarray(b) for b in bufs], **attrs)
+                np.asarray(ticket_out)[...] = self._keep(handle, True)
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:  # raised again by the program, not as XLA's text
                 self._failed(e)
@@ -179,9 +184,8 @@ class HostCalls:
 
     def parts_wait(self, node, ticket, parts: "Parts") -> "Parts":
         """The ``comm_wait`` of :meth:`parts_start`: waits, and returns the same buffers."""
-        rule, values = IMPL[node.prim], self.values
-        return self._over_parts(node, parts, lambda t, bufs: rule(values.pop(int(np.asarray(t)))),
-                                ticket)
+        rule = IMPL[node.prim]
+        return self._over_parts(node, parts, lambda t, bufs: rule(self._take(t)), ticket)
 
     def parts_reduce(self, node, parts: "Parts") -> "Parts":
         """A blocking all-reduce of an unpacked bucket (``mpi_allreduce``, ``overlap=False``),
@@ -198,11 +202,11 @@ class HostCalls:
             try:
                 *bufs, done = outs
                 bufs = [np.asarray(b) for b in bufs]
-                for b, r in zip(bufs, compute(*xs[:k], bufs)):
+                for b, r in zip(bufs, compute(*xs[:k], bufs), strict=True):
                     if not (isinstance(r, np.ndarray) and r.ctypes.data == b.ctypes.data
                             and r.dtype == b.dtype and r.strides == b.strides):
                         check_result(node, r, b.shape, b.dtype)
-                        b[...] = r  # (XLA copied a carried buffer: the copy gets the result)
+                        b[...] = r  # (a rule that made a new array, not one reduced in place)
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:
                 self._failed(e)
@@ -213,16 +217,53 @@ class HostCalls:
         *bufs, self._order = call(self._order, *extra, *parts.arrays)
         return Parts(bufs)
 
+    def _keep(self, value, started: bool) -> int:
+        """Keep a host value for the host nodes that read it; its ticket. ``started``: a bucket
+        on the communication thread (a ``comm_start`` handle), in flight until its wait."""
+        ticket = next(self._tickets) & 0x7FFFFFFF
+        self.values[ticket] = value
+        if started:
+            self._in_flight.add(ticket)
+        return ticket
+
+    def _take(self, ticket):
+        """The host value of ``ticket`` (an XLA scalar), for the one host node that reads it."""
+        ticket = int(np.asarray(ticket))
+        self._in_flight.discard(ticket)
+        return self.values.pop(ticket)
+
     def _failed(self, e: BaseException):
+        """A callback failed: the program stops, and XLA frees its buffers, among them those of
+        every bucket still in flight, which the communication thread reduces in place. So wait
+        here, inside the callback while the buffers are still XLA's, for those buckets (at most
+        ``DRAIN_S`` seconds: one that is stuck, say a peer gone, must not hold up the report),
+        then let the failure through."""
         if self.failure is None:
             self.failure = e
+        handles = [self.values[t] for t in self._in_flight if t in self.values]
+        self._in_flight.clear()
+        if handles:
+            waiter = threading.Thread(target=_wait_all, args=(handles,), daemon=True,
+                                      name="replicate-drain")
+            waiter.start()
+            waiter.join(DRAIN_S)
 
     def reraise(self, error: BaseException):
         """Raise the callback's own exception if ``error`` is XLA reporting it; else nothing."""
         failure, self.failure = self.failure, None
         self.values.clear()
+        self._in_flight.clear()
         if failure is not None:
             raise failure from None
+
+
+def _wait_all(handles):
+    """Wait for each bucket (``comm_wait``'s rule), whatever becomes of it."""
+    for handle in handles:
+        try:
+            IMPL["comm_wait"](handle)
+        except BaseException:  # (its own failure: the program raises the first one)
+            pass
 
 
 class Parts:
@@ -231,8 +272,9 @@ class Parts:
     by one by the slices that read the reduced bucket. XLA's CPU concatenate is a loop over
     every element: for the 7.4 MB gradient bucket of the 784-1024-1024-10 MLP it cost about
     2 ms a step, as much as the all-reduce itself; and a flattened operand (a reshape) gets a
-    copy where the callback writes over it. The parts cost no copy. Anything else that reads
-    the bucket gets the whole array (``whole``)."""
+    copy where the callback writes over it. The parts cost no copy, but for one that something
+    else reads too (XLA copies it first). Anything else that reads the bucket gets the whole
+    array (``whole``)."""
 
     def __init__(self, arrays):
         self.arrays = list(arrays)
@@ -255,12 +297,13 @@ class Parts:
         return None
 
 
-def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
+def unpacked_buckets(nodes, opaque: set, outputs: set) -> tuple[set, set]:
     """The values to hand over as :class:`Parts`: ids of the ``concatenate`` values of buckets
     (1-D values joined on axis 0) that only their all-reduce reads, which reduces it in place
     (``owned``): a blocking ``mpi_allreduce``, or a ``comm_start`` whose handle only host nodes
     read (its ``comm_wait``); and ids of the flattening ``reshape`` values only such a packing
-    reads (the parts keep their shapes)."""
+    reads (the parts keep their shapes). A graph output (``outputs``, ids) counts as a reader:
+    a flattening that the step also returns keeps its own (flat) value."""
     readers: dict = {}
     made: dict = {}
     for n in nodes:
@@ -274,12 +317,13 @@ def unpacked_buckets(nodes, opaque: set) -> tuple[set, set]:
                 and all(len(x.aval.shape) == 1 and x.aval.dtype == n.out.aval.dtype
                         for x in n.inputs)
                 and len({x.id for x in n.inputs}) == len(n.inputs)  # (each part its own buffer)
-                and len(r) == 1 and r[0].attrs.get("owned") and n.out.id not in opaque
-                and (r[0].prim == "mpi_allreduce"
+                and len(r) == 1 and n.out.id not in outputs and r[0].attrs.get("owned")
+                and n.out.id not in opaque
+                and (r[0].prim == "mpi_allreduce" and r[0].out.id not in opaque
                      or r[0].prim == "comm_start" and r[0].out.id in opaque)):
             packs.add(n.out.id)
             flats.update(x.id for x in n.inputs if x.id in made and made[x.id].prim == "reshape"
-                         and len(readers[x.id]) == 1)
+                         and len(readers[x.id]) == 1 and x.id not in outputs)
     return packs, flats
 
 

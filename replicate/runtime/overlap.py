@@ -90,7 +90,9 @@ def reduce_parts(comm, parts: list, op: str) -> list:
     one packed bucket of them would be: every element is combined the same way (the reductions
     are elementwise and fixed-order), so the bits are the packed bucket's. The small parts go
     together in one packed exchange, each large one in its own: the large ones are never
-    copied, and the exchanges are no more than the pieces a packed bucket is sent in."""
+    copied. (So the exchanges are not the packed bucket's, which goes in pieces of the
+    communicator's chunk size: every rank must reduce a bucket the same way, as parts or
+    packed.)"""
     small = [p for p in parts if p.nbytes < PACK_BELOW]
     if len(small) > 1:
         packed = comm.allreduce(np.concatenate([p.reshape(-1) for p in small]), op, True)
