@@ -177,7 +177,7 @@ def test_the_launcher_removes_the_shared_memory_of_a_job_no_rank_aborted():
 
 # -- ranks configured differently ----------------------------------------------------------------
 FIELDS = ["mode", "backend", "replicas_per_rank", "outputs", "options", "check_finite",
-          "check_sync", "collective_timeout", "variables"]
+          "check_sync", "collective_timeout", "variables", "bucket_exchange"]
 
 
 @pytest.mark.parametrize("launcher,n", STYLES)
@@ -198,6 +198,8 @@ def test_each_configuration_field_differing_on_one_rank_is_named_on_every_rank(l
                 assert "rank 1: 'extra' float64[3, 2] created at startup_mpi.py:" in lines[0], text
             elif field == "options":
                 assert "options.bucket_bytes: rank 0: 1048576, rank 1: 1024" in lines[0], text
+            elif field == "bucket_exchange":
+                assert "  bucket_exchange: rank 0: 'parts', rank 1: 'packed'" in lines[0], text
             else:
                 assert f"  {field}: rank 0: " in lines[0], text
         assert f"rank {rank} config-fields done" in result.stdout, text

@@ -9,7 +9,9 @@ hashes differ do they exchange the configurations themselves, and every rank rai
 doing something else at that moment (restoring a checkpoint, running a step) meets the
 construction as a ``CollectiveMismatchError`` naming both calls.
 
-The fields: mode, backend, replicas per rank, logical devices, micro-batches, outputs, compile
+The fields: mode, backend (and how it sends a gradient bucket: a JAX process whose step is cut
+into segments, on a GPU or an older JAX, sends it packed, one running the step as one program
+sends its parts), replicas per rank, logical devices, micro-batches, outputs, compile
 options, check_finite, check_sync, the collective timeout, and the Variables alive in the process
 (count, shapes and dtypes in creation order; ``local=True`` ones are each process's own and left
 out).
@@ -33,6 +35,9 @@ def fields(rep) -> dict:
     return {
         "mode": rep.mode,
         "backend": rep.backend.name,
+        # how this process's backend sends a gradient bucket (the JAX backend: as its parts,
+        # or packed where its step is cut into segments): the exchanges differ
+        "bucket_exchange": getattr(rep.backend, "bucket_exchange", lambda: "packed")(),
         "replicas_per_rank": rep.k,
         "logical_devices": rep.layout.m,
         "micro_batches": rep.layout.micro,

@@ -113,17 +113,23 @@ def config_kwargs(field):
 
 
 if CASE == "config-fields":  # every field in turn: each a ConfigMismatchError on every rank
-    for field in [*CONFIG_FIELDS, "variables"]:
+    for field in [*CONFIG_FIELDS, "variables", "bucket_exchange"]:
         extra = None
         if field == "variables" and rank == RANK:
             extra = rp.Variable(np.zeros((3, 2)), name="extra")  # a model with one more Variable
-        kwargs = {} if field == "variables" else config_kwargs(field)
+        kwargs = {} if field in ("variables", "bucket_exchange") else config_kwargs(field)
+        if field == "bucket_exchange":  # a JAX process whose step is cut into segments (a GPU)
+            from replicate.backends import jax_backend
+            jax_backend.UNPACK_BUCKETS = rank != RANK
+            kwargs = {"backend": "jax"}
         try:
             rp.Replicator(input_fn, step_fn, **kwargs)
         except rp.ConfigMismatchError as e:
             say(f"rank {rank} field {field}: {e}".replace("\n", " | "))
         else:
             say(f"rank {rank} field {field}: NOT DETECTED")
+        if field == "bucket_exchange":
+            jax_backend.UNPACK_BUCKETS = True
         del extra
     rp.Replicator(input_fn, step_fn)  # and alike again: no error
     say(f"rank {rank} config-fields done")
