@@ -188,9 +188,9 @@ class JaxProgram:
             cuts = _never
             outputs = {o.id for o in graph.outputs}
             opaque = opaque_values(nodes, is_host, outputs)
-            packs, flats = unpacked_buckets(nodes, opaque, outputs) if UNPACK_BUCKETS \
+            packs, unflattened = unpacked_buckets(nodes, opaque, outputs) if UNPACK_BUCKETS \
                 else (set(), set())
-            seg_apply = self._host_apply(opaque, packs, flats)
+            seg_apply = self._host_apply(opaque, packs, unflattened)
         k = 0
         while k < len(nodes):
             node = nodes[k]
@@ -239,11 +239,11 @@ class JaxProgram:
         hit = self._views.get(id(x))
         return hit[1] if hit is not None and hit[0] is x else None
 
-    def _host_apply(self, opaque, packs, flats):
+    def _host_apply(self, opaque, packs, unflattened):
         calls = self.calls
 
         def host_apply(node, args):
-            if node.out.id in flats:  # a part's flattening for its bucket: kept whole
+            if node.out.id in unflattened:  # a part's flattening for its bucket: kept whole
                 return args[0]
             if node.out.id in packs:  # a bucket's packing: its parts go to the callbacks
                 return Parts(args)

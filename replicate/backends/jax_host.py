@@ -310,7 +310,7 @@ def unpacked_buckets(nodes, opaque: set, outputs: set) -> tuple[set, set]:
         made[n.out.id] = n
         for x in n.inputs:
             readers.setdefault(x.id, []).append(n)
-    packs, flats = set(), set()
+    packs, unflattened = set(), set()
     for n in nodes:
         r = readers.get(n.out.id, [])
         if (n.prim == "concatenate" and n.attrs.get("axis") == 0
@@ -322,9 +322,10 @@ def unpacked_buckets(nodes, opaque: set, outputs: set) -> tuple[set, set]:
                 and (r[0].prim == "mpi_allreduce" and r[0].out.id not in opaque
                      or r[0].prim == "comm_start" and r[0].out.id in opaque)):
             packs.add(n.out.id)
-            flats.update(x.id for x in n.inputs if x.id in made and made[x.id].prim == "reshape"
-                         and len(readers[x.id]) == 1 and x.id not in outputs)
-    return packs, flats
+            unflattened.update(x.id for x in n.inputs if x.id in made
+                               and made[x.id].prim == "reshape" and len(readers[x.id]) == 1
+                               and x.id not in outputs)
+    return packs, unflattened
 
 
 def check_result(node, value, shape: tuple, dtype: np.dtype):
