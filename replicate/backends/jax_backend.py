@@ -56,9 +56,23 @@ INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with a
 # Host nodes (communication) run inside the jit as ordered callbacks (``jax_host.py``): one
 # program per step. False: the graph is cut at each host node into jitted segments.
 HOST_IN_JIT = True
+# XLA's options for the step's programs on CPU: LLVM at -O1 (``xla_backend_optimization_level``;
+# XLA's default is 3). XLA vectorises its own loops and calls libraries for products and
+# convolutions, so the code ran as fast, and the conv GAN's first step (its compile) took 12-15 %
+# less: 4.04 / 3.92 s → 3.58 / 3.36 s, steady step 47.3 / 47.2 → 48.1 / 47.0 ms, the MLP step
+# alike, the same losses to the bit (bench/RESULTS.md). ``{}``: XLA's defaults.
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 # A packed gradient bucket's parts go to its callbacks as separate buffers, not concatenated by
 # XLA (``jax_host.Parts``). False: the packed bucket (for comparing the two).
 UNPACK_BUCKETS = True
+
+
+def compiler_options() -> dict:
+    """``jax.jit``'s keyword for XLA's options of the step's programs (``CPU_COMPILER_OPTIONS``
+    on CPU; XLA's defaults elsewhere)."""
+    if CPU_COMPILER_OPTIONS and jax.default_backend() == "cpu":
+        return {"compiler_options": dict(CPU_COMPILER_OPTIONS)}
+    return {}
 
 
 def bucket_exchange() -> str:
@@ -88,7 +102,7 @@ class _Segment:
         body = self._body
         if errors:
             body = checkify.checkify(self._body, errors=errors)
-        self.fn = jax.jit(body, donate_argnums=donate)
+        self.fn = jax.jit(body, donate_argnums=donate, **compiler_options())
         self.compiled = False
 
     def results(self, out):
