@@ -58,9 +58,10 @@ INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with a
 HOST_IN_JIT = True
 # XLA's options for the step's programs on CPU: LLVM at -O1 (``xla_backend_optimization_level``;
 # XLA's default is 3). XLA vectorises its own loops and calls libraries for products and
-# convolutions, so the code ran as fast, and the conv GAN's first step (its compile) took 12-15 %
-# less: 4.04 / 3.92 s → 3.58 / 3.36 s, steady step 47.3 / 47.2 → 48.1 / 47.0 ms, the MLP step
-# alike, the same losses to the bit (bench/RESULTS.md). ``{}``: XLA's defaults.
+# convolutions, so the code ran as fast, and the conv GAN's first step (its compile) took less:
+# 3.39 / 3.51 / 3.31 s against 4.00 / 3.86 / 4.96 s, steady step 48.0 / 50.3 / 47.8 against
+# 47.9 / 47.6 / 55.6 ms, the MLP step alike, the same losses to the bit (bench/RESULTS.md).
+# ``{}``: XLA's defaults.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 # A packed gradient bucket's parts go to its callbacks as separate buffers, not concatenated by
 # XLA (``jax_host.Parts``). False: the packed bucket (for comparing the two).

@@ -120,42 +120,32 @@ class HostCalls:
         copy = opaque and not inplace
         started = node.prim == "comm_start"
 
-        def _replicate_host_call(ctx, outs, order, *xs):
-            try:
-                *outs, done = outs
-                it, xs_in = iter(xs), []
-                for j, kind in enumerate(kinds):
-                    x = next(it)
-                    if kind == "v":
-                        x = np.asarray(outs[0]) if j == 0 and inplace else (
-                            np.asarray(x).copy() if copy else np.asarray(x))
-                    else:
-                        x = self._take(x)
-                        if kind == "hb":
-                            next(it)  # the bucket: the handle reduces it in place
-                    xs_in.append(x)
-                value = rule(*xs_in, **attrs)
-                if opaque:
-                    np.asarray(outs[-1])[...] = self._keep(value, started)
-                else:  # never let NumPy broadcast or cast a wrong result into XLA's buffer
-                    check_result(node, value, shape, dtype)
-                    out = np.asarray(outs[0])
-                    if not (isinstance(value, np.ndarray) and value.ctypes.data == out.ctypes.data
-                            and value.dtype == out.dtype and value.strides == out.strides):
-                        out[...] = value  # (XLA copied the aliased buffer, or none was aliased)
-                np.asarray(done)[...] = np.asarray(order) + 1
-            except BaseException as e:  # raised again by the program, not as XLA's text
-                self._failed(e)
-                raise
+        def body(outs, *xs):
+            it, xs_in = iter(xs), []
+            for j, kind in enumerate(kinds):
+                x = next(it)
+                if kind == "v":
+                    x = np.asarray(outs[0]) if j == 0 and inplace else (
+                        np.asarray(x).copy() if copy else np.asarray(x))
+                else:
+                    x = self._take(x)
+                    if kind == "hb":
+                        next(it)  # the bucket: the handle reduces it in place
+                xs_in.append(x)
+            value = rule(*xs_in, **attrs)
+            if opaque:
+                np.asarray(outs[-1])[...] = self._keep(value, started)
+            else:  # never let NumPy broadcast or cast a wrong result into XLA's buffer
+                check_result(node, value, shape, dtype)
+                out = np.asarray(outs[0])
+                if not _same_buffer(value, out):
+                    out[...] = value  # (XLA copied the aliased buffer, or none was aliased)
         array = jax.ShapeDtypeStruct(shape, dtype)
         if opaque:
-            result = (array, _TICKET, _TICKET) if inplace else (_TICKET, _TICKET)
+            result = (array, _TICKET) if inplace else (_TICKET,)
         else:
-            result = (array, _TICKET)
-        aliases = None if alias is None else {alias + 1: 0}  # operand 0: the order ticket
-        call = buffer_callback(_replicate_host_call, result, has_side_effect=True,
-                               input_output_aliases=aliases)
-        *value, self._order = call(self._order, *operands)
+            result = (array,)
+        value = self._call(body, result, operands, None if alias is None else {alias: 0})
         if opaque:
             return (value[1], value[0]) if inplace else value[0]
         return value[0]
@@ -166,20 +156,12 @@ class HostCalls:
         ``(ticket, Parts)``, the parts carried to the ``comm_wait`` as live XLA buffers."""
         rule, attrs = IMPL[node.prim], node.attrs
 
-        def _replicate_host_call(ctx, outs, order, *xs):
-            try:
-                *bufs, ticket_out, done = outs
-                handle = rule([np.asarray(b) for b in bufs], **attrs)
-                np.asarray(ticket_out)[...] = self._keep(handle, True)
-                np.asarray(done)[...] = np.asarray(order) + 1
-            except BaseException as e:  # raised again by the program, not as XLA's text
-                self._failed(e)
-                raise
-        n = len(parts.arrays)
-        call = buffer_callback(_replicate_host_call, parts.avals() + (_TICKET, _TICKET),
-                               has_side_effect=True,
-                               input_output_aliases={i + 1: i for i in range(n)})
-        *bufs, ticket, self._order = call(self._order, *parts.arrays)
+        def body(outs, *xs):
+            *bufs, ticket = outs
+            handle = rule([np.asarray(b) for b in bufs], **attrs)
+            np.asarray(ticket)[...] = self._keep(handle, True)
+        *bufs, ticket = self._call(body, parts.avals() + (_TICKET,), parts.arrays,
+                                   {i: i for i in range(len(parts.arrays))})
         return ticket, Parts(bufs)
 
     def parts_wait(self, node, ticket, parts: "Parts") -> "Parts":
@@ -196,26 +178,36 @@ class HostCalls:
     def _over_parts(self, node, parts, compute, *extra) -> "Parts":
         """One callback whose results alias ``parts``: ``compute(*extra, buffers)`` gives their
         new values (the buffers themselves when reduced in place, as they are)."""
-        k, n = len(extra), len(parts.arrays)
+        k = len(extra)
 
+        def body(outs, *xs):
+            bufs = [np.asarray(b) for b in outs]
+            for b, r in zip(bufs, compute(*xs[:k], bufs), strict=True):
+                if not _same_buffer(r, b):
+                    check_result(node, r, b.shape, b.dtype)
+                    b[...] = r  # (a rule that made a new array, not one reduced in place)
+        return Parts(self._call(body, parts.avals(), [*extra, *parts.arrays],
+                                {k + i: i for i in range(len(parts.arrays))}))
+
+    def _call(self, body, result: tuple, operands, aliases=None) -> list:
+        """One ordered callback: ``body(outs, *xs)`` fills XLA's result buffers ``outs``
+        (shapes ``result``) from the operands ``xs``; ``aliases``: {operand index: result
+        index} for results written over their operand's buffer. Returns the traced results. It
+        reads the previous callback's order ticket and makes the next (``self._order``); a
+        failure is kept (``_failed``) and raised again by the program, not as XLA's text."""
         def _replicate_host_call(ctx, outs, order, *xs):
             try:
-                *bufs, done = outs
-                bufs = [np.asarray(b) for b in bufs]
-                for b, r in zip(bufs, compute(*xs[:k], bufs), strict=True):
-                    if not (isinstance(r, np.ndarray) and r.ctypes.data == b.ctypes.data
-                            and r.dtype == b.dtype and r.strides == b.strides):
-                        check_result(node, r, b.shape, b.dtype)
-                        b[...] = r  # (a rule that made a new array, not one reduced in place)
+                *outs, done = outs
+                body(outs, *xs)
                 np.asarray(done)[...] = np.asarray(order) + 1
             except BaseException as e:
                 self._failed(e)
                 raise
-        call = buffer_callback(_replicate_host_call, parts.avals() + (_TICKET,),
-                               has_side_effect=True,
-                               input_output_aliases={i + 1 + k: i for i in range(n)})
-        *bufs, self._order = call(self._order, *extra, *parts.arrays)
-        return Parts(bufs)
+        call = buffer_callback(_replicate_host_call, tuple(result) + (_TICKET,),
+                               has_side_effect=True, input_output_aliases=None if not aliases
+                               else {i + 1: o for i, o in aliases.items()})  # 0: the order
+        *values, self._order = call(self._order, *operands)
+        return values
 
     def _keep(self, value, started: bool) -> int:
         """Keep a host value for the host nodes that read it; its ticket. ``started``: a bucket
@@ -255,6 +247,12 @@ class HostCalls:
         self._in_flight.clear()
         if failure is not None:
             raise failure from None
+
+
+def _same_buffer(value, out: np.ndarray) -> bool:
+    """Whether the rule's result ``value`` is ``out`` itself (reduced over it in place)."""
+    return (isinstance(value, np.ndarray) and value.ctypes.data == out.ctypes.data
+            and value.dtype == out.dtype and value.strides == out.strides)
 
 
 def _wait_all(handles):

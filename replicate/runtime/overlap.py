@@ -94,13 +94,15 @@ def reduce_parts(comm, parts: list, op: str) -> list:
     communicator's chunk size: every rank must reduce a bucket the same way, as parts or
     packed.)"""
     small = [p for p in parts if p.nbytes < PACK_BELOW]
-    if len(small) > 1:
+    if len(small) < 2:  # (a lone small part goes as it is)
+        small = []
+    if small:
         packed = comm.allreduce(np.concatenate([p.reshape(-1) for p in small]), op, True)
         offset = 0
         for p in small:
             p[...] = packed[offset:offset + p.size].reshape(p.shape)
             offset += p.size
-    together = {id(p) for p in small} if len(small) > 1 else set()
+    together = {id(p) for p in small}
     for p in parts:
         if id(p) in together:
             continue
