@@ -91,7 +91,7 @@ class CupyDevice(Device):
         if getattr(local, "stream", None) is None:
             local.stream = cupy.cuda.Stream(non_blocking=True)
         stream = local.stream
-        host = [x if self.is_array(x) else np.ascontiguousarray(x) for x in leaves]
+        host = [x if self.is_array(x) else np.asarray(x, order="C") for x in leaves]  # (0-d stays)
         with stream:
             out = [x if self.is_array(x) else cupy.empty(x.shape, x.dtype) for x in host]
             fence = self._fence

@@ -36,7 +36,7 @@ def _combine(rows: np.ndarray, op: str) -> np.ndarray:
     """``rows[0] op rows[1] op ...``, left to right: IEEE-exact like MPI's own two-operand sum
     (``np.sum`` starts from +0.0 and turns ``-0.0 + -0.0`` into ``+0.0``)."""
     ufunc = _UFUNC[op]
-    out = rows[0].copy()
+    out = np.array(rows[0])  # (a copy, and an array also where the rows are 0-d)
     for row in rows[1:]:
         ufunc(out, row, out=out)
     return out
@@ -118,7 +118,7 @@ class MPIComm:
 
     # -- the calls ------------------------------------------------------------------------------
     def allgather(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x, order="C")  # (not ascontiguousarray: it makes a 0-d array 1-d)
         ident = self._enter("allgather", x)
         try:
             return self._allgather(x)
@@ -135,7 +135,7 @@ class MPIComm:
         buffer the caller gives up (a gradient bucket), so large results may be written over it
         instead of into fresh memory (ignored for read-only or non-contiguous arrays)."""
         inplace = inplace and x.flags.writeable and x.flags.c_contiguous
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x, order="C")  # (a 0-d value stays 0-d)
         ident = self._enter(f"allreduce({op})", x)
         try:
             if x.size < self.size * _SPLIT_MIN:

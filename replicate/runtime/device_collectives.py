@@ -109,7 +109,7 @@ class _Transport:
         return pending
 
     def allgather(self, x) -> Pending:
-        x = self.cp.ascontiguousarray(x)
+        x = self.cp.ascontiguousarray(x).reshape(x.shape)  # (it makes a 0-d array 1-d)
         out = self.cp.empty((self.size,) + x.shape, x.dtype)
         return self._allgather(x, out)
 

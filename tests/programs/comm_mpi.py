@@ -56,6 +56,11 @@ def main():
     s = w.allreduce(y, "sum")
     if s.shape != y.shape or not np.array_equal(s, y * (w.size + 1) * w.size / 2 / (w.rank + 1)):
         failures.append("2-D sum")
+    # a 0-d value keeps its shape (np.ascontiguousarray would make it 1-d)
+    z = np.float64(w.rank + 1.5)
+    if w.allreduce(z, "sum").shape != () or w.allreduce(z, "max") != w.size + 0.5 \
+            or w.allgather(z).shape != (w.size,):
+        failures.append("0-d allreduce/allgather shape")
     # an unpacked bucket (overlap.reduce_parts: the JAX backend's gradient parts): every part
     # bitwise as the packed bucket of them, written over itself, on every rank
     shapes = [(3,), (257, 5), (1,), (PACK_BELOW // 4 + 3,), (40_000,), (2, 300_000)]

@@ -68,4 +68,23 @@ if __name__ == "__main__":
         got = rp.Replicator(refilled, lambda x: {"x": x * 1.0, "same": x}, prefetch=0,
                             outputs="per_replica").run(callbacks=callbacks)
         assert [float(h["same"][0, 0]) for h in got] == list(range(STEPS)), got
+    # a scalar's all_reduce and all_gather: the same shapes and values in both modes (eager's
+    # exchange once made a 0-d value 1-d: a loss came back (P, 1) per replica, not (P,))
+    def scalars(x):
+        s = (x * 2.0).sum()
+        return {"mean": rp.all_reduce(s, "mean"), "max": rp.all_reduce(s, "max"),
+                "all": rp.all_gather(s)}
+
+    def ones(ctx):
+        while True:
+            yield np.full(2, ctx.replica_id + 1.0)
+
+    P = rp.process_count()
+    got = {mode: rp.Replicator(ones, scalars, mode=mode, outputs="per_replica").run(2)
+           for mode in ("graph", "eager")}
+    for a, b in zip(got["graph"], got["eager"]):
+        assert a["mean"].shape == b["mean"].shape == (P,), (a, b)
+        assert a["all"].shape == b["all"].shape == (P, P), (a, b)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), (key, a[key], b[key])
     print("OK", rp.process_index())
