@@ -13,9 +13,9 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
   and a call whose arguments the real function's signature does not take raises;
 * ``ElementwiseKernel``/``ReductionKernel`` parse their parameter lists as CuPy does (NumPy dtype
   names) and raise CuPy's "Type is mismatched" for arguments of another dtype (with the real
-  CuPy: through its own ``_decide_params_type``); each distinct launch is recorded in
-  ``LAUNCHES`` (the argument dtypes, shapes and the path CuPy would take, CUB or not) for
-  ``tests/cupy_nvrtc.py`` to build through CuPy's machinery and compile with NVRTC;
+  CuPy: through its own ``_decide_params_type``); what was launched the tests read from the
+  backend's own record (``replicate/backends/cuda_launches.py``), never from here, so a test
+  means the same on a GPU;
 * a kernel runs what its C code means, element by element: inputs broadcast to the output (to the
   reduction's input for a ``ReductionKernel``), the reduction over the axes it is given, in its
   accumulator type, the epilogue on the reduced value only (a ``broadcast_to`` is the identity in
@@ -54,12 +54,10 @@ from replicate.graph.reference import IMPL, reference_apply
 
 REAL = None          # the real cupy module, where it imports (no GPU needed)
 SPECS: dict = {}     # kernel constructor arguments -> the KernelSpec they were made from
-LAUNCHES: dict = {}  # launch signature -> KernelSpec (distinct launches, for compiling)
 TRANSFERS = {"to_device": 0, "to_host": 0}  # bytes
-CALLS = [0]          # launches of generated kernels (fused groups; not the segment sum's)
-ACTIVE = False
+INSTALLED = False    # the stand-in is ``cupy`` in this process
+ACTIVE = False       # ... and the tests may treat it as one (False in the GPU view)
 ACCUMULATOR = {c: np.dtype(name) for name, c in CTYPE.items()}
-CUB_MIN = 128        # CuPy's CUB reductions: at least this many elements reduced
 
 
 def _no_host_arrays(values):
@@ -385,9 +383,6 @@ class ElementwiseKernel:
         shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
         if shape != out.shape:
             raise ValueError("Out shape is mismatched")
-        CALLS[0] += self.model is None
-        ndims = tuple(a.ndim if raw else out.ndim for a, raw in zip(args, self.raw))
-        LAUNCHES[("elementwise", self.spec.key, dtypes, ndims)] = self.spec
         if self.model is not None:
             out._a[...] = self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
                                        for a, raw in zip(ins, self.raw)])
@@ -434,9 +429,6 @@ class ReductionKernel:
         shape = arrays[0].shape
         axes = tuple(range(len(shape))) if axis is None else \
             tuple(sorted(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,))))
-        CALLS[0] += 1
-        LAUNCHES[("reduction", self.spec.key, dtypes, len(shape), axes,
-                  _cub_path(ins, shape, axes))] = self.spec
         g, red = self.spec.body.graph, self.spec.body.reduction
         pre, post = split_reduction(g.nodes, red)
         env = _evaluate(pre, _inputs_env(self.spec, arrays), err)
@@ -446,18 +438,6 @@ class ReductionKernel:
                                      ).astype(acc)
         env = _evaluate(post, env, err)
         return ndarray(np.array(env[g.outputs[0].id], dtype=self.out_types[0]))
-
-
-def _cub_path(ins, shape, axes) -> str:
-    """Which kernel CuPy launches: its CUB block reduction for one C-contiguous input reduced
-    over trailing axes (two passes when it reduces everything), else its own."""
-    if len(ins) != 1 or not ins[0].flags.c_contiguous or ins[0].shape != shape or \
-            axes != tuple(range(len(shape) - len(axes), len(shape))):
-        return "simple"
-    size = int(np.prod([shape[a] for a in axes], dtype=np.int64))
-    if size < CUB_MIN:
-        return "simple"
-    return "cub-two-pass" if len(axes) == len(shape) else "cub"
 
 
 # -- the module ---------------------------------------------------------------------------------
@@ -571,17 +551,26 @@ def real_gpu() -> bool:
 
 def install() -> bool:
     """Put the stand-in in place of ``cupy`` unless CuPy sees a GPU (or
-    ``REPLICATE_CUPY_STANDIN=0``); True when it is in place."""
-    global REAL, ACTIVE
-    if ACTIVE:
+    ``REPLICATE_CUPY_STANDIN=0``); True when it is in place.
+
+    ``REPLICATE_CUPY_STANDIN=gpu-view`` puts it in place and has the tests see a GPU machine:
+    ``ACTIVE`` stays False, so every test takes the path it takes on a GPU (it reads what the
+    backend records, and skips what only the stand-in can check, saying "a GPU is here"). CI
+    runs the cupy tests so (``tests/test_gpu_check.py``): a test that passes only against the
+    stand-in's internals fails there, before it fails on the first GPU.
+    """
+    global REAL, ACTIVE, INSTALLED
+    if INSTALLED:
         return True
-    if os.environ.get("REPLICATE_CUPY_STANDIN") == "0" or "replicate.backends.cupy_backend" \
-            in sys.modules or real_gpu():
+    mode = os.environ.get("REPLICATE_CUPY_STANDIN", "1")
+    if mode not in ("0", "1", "gpu-view"):
+        raise ValueError(f"REPLICATE_CUPY_STANDIN={mode!r}: expected 0, 1 or gpu-view")
+    if mode == "0" or "replicate.backends.cupy_backend" in sys.modules or real_gpu():
         return False
     REAL = sys.modules.get("cupy")
     if REAL is not None:
         import cupy._core._reduction  # noqa: F401 - kept for the kernels' type checks
     sys.modules.update(_make_modules())
     _record_generate()
-    ACTIVE = True
+    INSTALLED, ACTIVE = True, mode != "gpu-view"
     return True

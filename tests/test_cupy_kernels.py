@@ -24,6 +24,7 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 from replicate.backends import available
+from replicate.backends.cuda_launches import LAUNCHES
 from replicate.graph.primitives import REGISTRY, prims_where
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -104,14 +105,15 @@ def _tolerance(dtype):
 
 
 def _run(fn, args):
-    """(fused nodes, kernel launches, mismatches) of ``fn`` on cupy against numpy."""
+    """(fused nodes, fused-kernel launches, mismatches) of ``fn`` on cupy against numpy (the
+    launches as the backend records them: ``cuda_launches.LAUNCHES``)."""
     with np.errstate(all="ignore"):
         want = rp.function(fn)(*args)
         f = rp.function(fn, backend="cupy")
         graph = f.executable(*args).graph
-        calls = cupy_standin.CALLS[0]
-        got = f(*args)
-        calls = cupy_standin.CALLS[0] - calls
+        with LAUNCHES.recording() as seen:
+            got = f(*args)
+        calls = seen.fused
     fused = [n for n in graph.nodes if n.prim == "fused"]
     bad = []
     for i, (g, w) in enumerate(zip(got, want)):
@@ -127,17 +129,17 @@ def _run(fn, args):
 def sweep():
     """Run the sweep once: (prims inside fused groups, launches recorded, mismatches, [(fused
     groups, launches)] per program)."""
-    cupy_standin.LAUNCHES.clear()
     prims, bad, counts = set(), [], []
     runs = [(fn, _inputs(dtype)) for dtype, fn in PROGRAMS] + [
         (_cub, (np.linspace(0.5, 1.5, int(np.prod(shape))).reshape(shape).astype(dtype),))
         for dtype, shape in CUB]
-    for fn, args in runs:
-        fused, calls, mismatches = _run(fn, args)
-        prims |= {n.prim for f in fused for n in f.attrs["body"].graph.nodes}
-        bad += mismatches
-        counts.append((fn.__name__, len(fused), calls))
-    return prims, dict(cupy_standin.LAUNCHES), bad, counts
+    with LAUNCHES.recording() as seen:
+        for fn, args in runs:
+            fused, calls, mismatches = _run(fn, args)
+            prims |= {n.prim for f in fused for n in f.attrs["body"].graph.nodes}
+            bad += mismatches
+            counts.append((fn.__name__, len(fused), calls))
+    return prims, seen.signatures, bad, counts
 
 
 def test_sweep_matches_the_reference(sweep):
@@ -178,28 +180,29 @@ def test_every_kernel_of_the_model_steps_is_one_generated_kernel_and_compiles():
     """The MLP (batch 256), the conv net and the WGAN-GP steps: every fused group is one
     generated kernel (one launch each, no op-by-op fallback), the results are NumPy's, and every
     kernel compiles."""
-    cupy_standin.LAUNCHES.clear()
     rng = np.random.default_rng(1)
     batches = {"mlp": [(rng.standard_normal((256, 4)), rng.integers(0, 3, 256))],
                "conv": modes.CNN_BATCHES[:1], "wgan-gp": modes.GP_BATCHES[:1]}
     steps = {"mlp": (modes.make_mlp_step, modes.MLP_INIT),
              "conv": (modes.make_cnn_step, modes.CNN_INIT),
              "wgan-gp": (modes.make_gp_step, modes.GP_INIT)}
+    launched = {}
     for model, (make, init) in steps.items():
         outs = {}
         for backend in ("numpy", "cupy"):
             params = modes.variables(init)
             f = rp.function(make(params), backend=backend)
             graph = f.executable(*batches[model][0]).graph
-            calls = cupy_standin.CALLS[0]
-            outs[backend] = (f(*batches[model][0]), modes.snapshot(params))
-            calls = cupy_standin.CALLS[0] - calls
+            with LAUNCHES.recording() as seen:
+                outs[backend] = (f(*batches[model][0]), modes.snapshot(params))
+            calls = seen.fused
+            launched.update(seen.signatures)
         fused = [n for n in graph.nodes if n.prim == "fused"]
         assert len(fused) >= 3, model
         assert calls == len(fused), f"{model}: {calls} launches for {len(fused)} fused groups"
         for a, b in zip(outs["cupy"][1].values(), outs["numpy"][1].values()):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=model)
-    _compile_or_skip(dict(cupy_standin.LAUNCHES))
+    _compile_or_skip(launched)
 
 
 # -- the findings of issue 18, one test each where the sweep does not name them -----------------
@@ -214,23 +217,28 @@ def test_an_epilogue_that_broadcasts_is_not_fused_into_the_reduction():
 
 
 def test_parameter_lists_are_read_as_numpy_dtypes_by_cupy():
-    """CuPy parses "float in0" as float64: a float32 argument is "Type is mismatched"."""
-    cupy_standin.LAUNCHES.clear()
+    """CuPy parses "float in0" as float64: a float32 argument is "Type is mismatched". The
+    backend's kernel names its float32 parameters ``float32``; a kernel that says ``float``,
+    built by ``cupy`` (the real one on a GPU), refuses a float32 argument."""
+    import cupy
+
     f = rp.function(lambda x: rnp.tanh(x * 2.0) + 1.0, backend="cupy")
-    assert f(np.ones(3, np.float32)).dtype == np.float32
-    spec = next(iter(cupy_standin.LAUNCHES.values()))
-    kernel = cupy_standin.ElementwiseKernel.__new__(cupy_standin.ElementwiseKernel)
-    kernel.in_types = cupy_standin._param_dtypes(spec.in_params.replace("float32", "float"))
+    with LAUNCHES.recording() as seen:
+        assert f(np.ones(3, np.float32)).dtype == np.float32
+    (spec,) = seen.signatures.values()
+    assert spec.in_params == "float32 in0" and spec.out_params == "float32 out0", spec
+    kernel = cupy.ElementwiseKernel("float x", "float y", "y = x", "replicate_float_params")
+    x = cupy.asarray(np.ones(3, np.float32))
     with pytest.raises(TypeError, match="Type is mismatched"):
-        cupy_standin._check_types(kernel.in_types, (F32,), "in")
+        kernel(x, cupy.empty(3, cupy.float64))
 
 
 def test_float16_reductions_accumulate_in_float():
     """10 000 float16 ones sum to 10 000 (accumulated in half: 2 048)."""
-    cupy_standin.LAUNCHES.clear()
     f = rp.function(lambda x: rnp.sum(x * 1.0), backend="cupy")
-    assert float(f(np.ones(10_000, np.float16))) == 10_000.0
-    spec = next(s for s in cupy_standin.LAUNCHES.values() if s.kind == "reduction")
+    with LAUNCHES.recording() as seen:
+        assert float(f(np.ones(10_000, np.float16))) == 10_000.0
+    spec = next(s for s in seen.signatures.values() if s.kind == "reduction")
     assert spec.reduce_type == "float" and spec.out_params == "float16 out0"
     assert "#include <cupy/float16.cuh>" in spec.preamble
 
@@ -250,7 +258,7 @@ def test_unfused_logistic_and_erf_run_on_device_arrays():
         got = rp.function(fn, backend="cupy", options=opts)(x)
         np.testing.assert_allclose(got, rp.function(fn)(x), rtol=1e-12)
     with pytest.raises(TypeError, match="Implicit conversion"):
-        np.asarray(cupy_standin.asarray(x))
+        np.asarray(sys.modules["cupy"].asarray(x))
 
 
 def test_missing_cupy_names_both_extras(monkeypatch):
@@ -269,16 +277,15 @@ def test_random_bits_are_the_reference_hash_made_on_the_device_and_compile():
         return (rnp.random.uniform(k, (3, 5)), rnp.random.split(k, 3),
                 rnp.random.fold_in(k, 7), rnp.random.uniform(k, (4,), np.float64))
 
-    cupy_standin.LAUNCHES.clear()
     key = rnp.random.key(2**33 + 5).numpy()
-    for got, want in zip(rp.function(draws, backend="cupy")(key), rp.function(draws)(key)):
+    with LAUNCHES.recording() as seen:
+        got = rp.function(draws, backend="cupy")(key)
+    for got, want in zip(got, rp.function(draws)(key)):
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
-    launched = {s.name for s in cupy_standin.LAUNCHES.values()}
-    assert {n for n in launched if n.startswith("replicate_random_bits_")} and \
-        all(s.body is None for s in cupy_standin.LAUNCHES.values()
-            if s.name.startswith("replicate_random"))
-    _compile_or_skip({k: s for k, s in cupy_standin.LAUNCHES.items()
-                      if s.name.startswith("replicate_random")})
+    random = seen.named("replicate_random_bits_")
+    # the draws' streams (uniform, split, fold-in), each its own generated kernel
+    assert len({s.name for s in random.values()}) >= 2 and seen.fused == 0
+    _compile_or_skip(random)
 
 
 def test_an_integer_to_a_negative_integer_power_raises_as_in_numpy():
@@ -286,18 +293,18 @@ def test_an_integer_to_a_negative_integer_power_raises_as_in_numpy():
     and a kernel's integer power by squaring gave 0 (1 or -1 for a base of 1 or -1) silently.
     Fused (elementwise, in a reduction's prologue) and unfused, the call raises NumPy's error,
     naming the user's line, from the flag read at its end; the kernels compile."""
-    cupy_standin.LAUNCHES.clear()
     x, e = np.array([2, 3, 1], np.int32), np.array([1, -1, 2], np.int32)
     steps = [(lambda a, b: a ** b + 1, {}), (lambda a, b: rnp.sum(a ** b * 2), {}),
              (lambda a, b: a ** b, {"disable": {"fusion"}})]
-    for fn, opts in steps:
-        f = rp.function(fn, backend="cupy", options=opts)
-        with pytest.raises(ValueError, match="negative integer powers") as info:
-            f(x, e)
-        assert any("raised by pow(" in n and "test_cupy_kernels.py" in n
-                   for n in info.value.__notes__)
-        np.testing.assert_array_equal(f(x, np.abs(e)), rp.function(fn)(x, np.abs(e)))
-    fused = [s for s in cupy_standin.LAUNCHES.values() if s.body is not None]
+    with LAUNCHES.recording() as seen:
+        for fn, opts in steps:
+            f = rp.function(fn, backend="cupy", options=opts)
+            with pytest.raises(ValueError, match="negative integer powers") as info:
+                f(x, e)
+            assert any("raised by pow(" in n and "test_cupy_kernels.py" in n
+                       for n in info.value.__notes__)
+            np.testing.assert_array_equal(f(x, np.abs(e)), rp.function(fn)(x, np.abs(e)))
+    fused = [s for s in seen.signatures.values() if s.body is not None]
     assert len(fused) == 2 and all(s.flag and "raw int32 err_flag" in s.in_params
                                    for s in fused)
-    _compile_or_skip(dict(cupy_standin.LAUNCHES))
+    _compile_or_skip(seen.signatures)

@@ -41,6 +41,7 @@ from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import MOVES, table
 from . import cuda_codegen, cuda_random
 from .base import Executable
+from .cuda_launches import LAUNCHES
 from .cuda_ops import POW_MESSAGE, needs_flag
 from .cupy_comm import comm_fn
 from .cupy_device import DEVICE, place
@@ -91,13 +92,17 @@ def _fused_fn(node, consts, index, checks):
     if spec.kind == "elementwise":
         def run(*xs):
             out = cupy.empty(shape, dtype)
-            kernel(*[xs[i] for i in spec.params], *(flag() if spec.flag else ()), out)
+            args = [*(xs[i] for i in spec.params), *(flag() if spec.flag else ()), out]
+            LAUNCHES.elementwise(spec, args)
+            kernel(*args)
             return out
         return run
 
     def reduce(*xs):
-        args = [cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params]
-        out = kernel(*args, *(flag() if spec.flag else ()), axis=spec.axes)
+        args = [*(cupy.broadcast_to(xs[i], spec.red_shape) for i in spec.params),
+                *(flag() if spec.flag else ())]
+        LAUNCHES.reduction(spec, args, spec.axes)
+        out = kernel(*args, axis=spec.axes)
         if out.shape != shape or out.dtype != dtype:  # never a silently wrong shape
             raise ReplicateError(f"internal error: fused group {node.attrs['body']} made "
                                  f"{out.dtype}{list(out.shape)}, not {dtype}{list(shape)}; "
@@ -110,7 +115,9 @@ def _random_bits(key, shape, dtype, stream=0):
     """The reference's hash of (key, counter), one thread per value: the same bits as NumPy."""
     out = cupy.empty(shape, cupy.uint32)
     if out.size:
-        _compile(cuda_random.random_bits_spec(stream))(key, out)
+        spec = cuda_random.random_bits_spec(stream)
+        LAUNCHES.elementwise(spec, (key, out))
+        _compile(spec)(key, out)
     return out
 
 

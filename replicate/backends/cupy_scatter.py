@@ -23,7 +23,8 @@ import math
 
 import numpy as np
 
-from .cuda_codegen import ctype, dtype_name
+from .cuda_codegen import KernelSpec, ctype, dtype_name
+from .cuda_launches import LAUNCHES
 
 
 def segment_sum(dtype) -> tuple:
@@ -58,9 +59,13 @@ class ScatterAdd:
         self.cp, self.kernels = cp, {}
 
     def kernel(self, dtype):
+        """(the segment sum's ``KernelSpec``, its ``cupy.ElementwiseKernel``) for ``dtype``."""
         k = self.kernels.get(np.dtype(dtype))
         if k is None:
-            k = self.kernels[np.dtype(dtype)] = self.cp.ElementwiseKernel(*segment_sum(dtype))
+            in_params, out_params, operation, name = segment_sum(dtype)
+            spec = KernelSpec("elementwise", name, in_params, out_params, operation=operation)
+            k = self.kernels[np.dtype(dtype)] = (spec, self.cp.ElementwiseKernel(
+                in_params, out_params, operation, name))
         return k
 
     def __call__(self, g, index, shape):
@@ -77,7 +82,10 @@ class ScatterAdd:
         bounds = cp.concatenate([cp.zeros((1,), cp.int64), starts.astype(cp.int64),
                                  cp.full((1,), pos.size, cp.int64)])
         totals = cp.empty((bounds.size - 1,), g.dtype)
-        self.kernel(g.dtype)(bounds[:-1], bounds[1:], vals, totals)
+        spec, kernel = self.kernel(g.dtype)
+        args = (bounds[:-1], bounds[1:], vals, totals)
+        LAUNCHES.elementwise(spec, args)
+        kernel(*args)
         out.reshape(-1)[pos[bounds[:-1]]] = totals
         return out
 
