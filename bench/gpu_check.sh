@@ -1,113 +1,167 @@
 #!/usr/bin/env bash
-# The GPU check of issue 18, on one machine with an NVIDIA GPU (sized for one H100: < 8 min),
-# no network needed (install first: pip install -e '.[test,bench,cuda13]', or cuda12).
+# The GPU check (issue 31): is the GPU path right? One command on one machine with an NVIDIA GPU
+# (sized for one H100 with 16 cores: at most 8 minutes), no network. Correctness only; the
+# benchmarks are bench/gpu_bench.sh, a second run.
 #
-#   bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
+#   where pip works:   bash bench/gpu_prepare.sh   # wheels the GPU machine lacks -> .whl/
+#   GPU machine:       bash bench/gpu_check.sh     # log, junit XML, summary -> $OUT or gpu_check_out/
 #
-# 1. versions (driver, CUDA runtime, CuPy, NVRTC, JAX and its devices, PyTorch);
-# 2. parity on the GPU: the op harness (forward, gradients, gradients of gradients), the float16
-#    harness, the whole MLP / conv / WGAN-GP steps, every generated kernel (the sweep), on
-#    `cupy` and `jax` against the NumPy reference;
-# 3. the oracle on the GPU: k = 1, 2, 4 replicas in one process (cupy and jax vs numpy), and
-#    2 ranks sharing the GPU (host-staged MPI) under mpiexec;
-# 4. device residency: variables stay on the GPU between steps, a steady-state step copies up
-#    only its batch and down only its outputs (tests/test_device_state.py, on the GPU);
-# 5. NCCL structurally: a 1-rank communicator through the NCCL transport; 2 ranks on the one GPU:
-#    REPLICATE_TRANSPORT=nccl refused with a clear message, the automatic choice host-staged,
-#    NCCL's own init failing cleanly (bench/gpu_nccl_check.py);
-# 6. benchmarks: the 8-op elementwise chain on 16 M float32 vs cupy.fuse, jax.jit, CuPy op by op
-#    and the device copy bandwidth; the MLP and conv steps vs PyTorch eager / torch.compile and
-#    jax.jit, with kernels and host<->device bytes per step.
+# 0. environment: a venv that sees the machine's packages (CuPy, JAX, PyTorch, pytest) plus the
+#    carried wheels (mpich: mpiexec beside the interpreter; mpi4py), when .whl/ holds any;
+# 1. versions: driver, CUDA runtime, CuPy, NVRTC, NCCL, JAX and its devices, PyTorch, MPI;
+# 2. the parity suites (pytest -n 8): the cupy tests (every generated kernel, the model steps'
+#    kernels, scatter-add, device state, the bytes a step moves), the op harness and the float16
+#    harness on cupy and jax against NumPy, whole steps, 2 ranks sharing the GPU (host-staged);
+# 3. the oracle: k = 1, 2, 4 replicas in one process, cupy and jax against numpy;
+# 4. NCCL: a 1-rank communicator through the library's NCCL transport;
+# 5. NCCL: 2 ranks on the one GPU (refused clearly; host-staged automatically; NCCL's own init
+#    fails cleanly).
+# Every step runs under a hard timeout and every step runs even when one before it failed; the
+# script fails (exit 1) when any step failed or any test skipped for a reason other than "a GPU
+# is here" (what only the stand-in can check) or a missing compiler. The CuPy stand-in of the
+# tests is off: REPLICATE_CUPY_STANDIN=0.
 #
-# It fails (exit 1) when there is no GPU, when CuPy or JAX does not see it, or when any test
-# skips instead of running on it: the CuPy stand-in of the tests is turned off here.
-set -euo pipefail
+# Rehearsal without a GPU (tests/test_gpu_check.py): GPU_CHECK_REHEARSAL=1 runs every step on the
+# CuPy stand-in seen as a GPU (REPLICATE_CUPY_STANDIN=gpu-view), with GPU_CHECK_PYTHON as the
+# interpreter and GPU_CHECK_SELECT / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS narrowing the work.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export REPLICATE_CUPY_STANDIN=0          # the real CuPy on the real GPU, never the stand-in
+ROOT=$PWD
+OUTDIR=${OUT:-$ROOT/gpu_check_out}
+mkdir -p "$OUTDIR"
+REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
+WORKERS=${GPU_CHECK_WORKERS:-8}
+SELECT=${GPU_CHECK_SELECT:-"cupy or jax or test_cupy_kernels or test_cupy_scatter or \
+test_device_state or test_cuda_codegen"}
+ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
+SUMMARY=$OUTDIR/summary.txt
+: >"$SUMMARY"
+exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
+start=$(date +%s)
+failed=0
+
+if [ "$REHEARSAL" = 1 ]; then
+  export REPLICATE_CUPY_STANDIN=gpu-view   # the stand-in, seen by the tests as a GPU
+else
+  export REPLICATE_CUPY_STANDIN=0          # the real CuPy on the real GPU, never the stand-in
+fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # (as replicate.launch.gpu_environment sets them)
 export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_deterministic_ops=true"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-start=$(date +%s)
-step() { echo; echo "=== $* ($(( $(date +%s) - start )) s)"; }
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-step "versions"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-python - <<'EOF'
-import platform, sys
+# step NAME SECONDS COMMAND...: run it under a hard timeout, record the outcome
+step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  echo
+  echo "=== $name (at $(( t0 - start )) s, at most $limit s)"
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@"  # a function (exported) or a command
+  rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$rc" -eq 0 ]; then
+    printf '%-44s passed  %4d s\n' "$name" "$took" >>"$SUMMARY"
+  else
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && rc="timeout"
+    printf '%-44s FAILED  %4d s  (%s)\n' "$name" "$took" "exit $rc" >>"$SUMMARY"
+    failed=1
+  fi
+}
+
+# -- 0. the interpreter: the machine's packages plus the carried wheels --------------------------
+PY=${GPU_CHECK_PYTHON:-python3}
+if [ "$REHEARSAL" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
+  VENV=${GPU_CHECK_VENV:-/tmp/replicate-gpu-venv}
+  # a venv made from another venv's python sees only the base install: point it at the
+  # machine's site-packages too (after its own, so the carried wheels win)
+  host_site=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
+  "$PY" -m venv --system-site-packages "$VENV" || exit 1
+  venv_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  printf '%s\n' "$host_site" >"$venv_site/zz_gpu_check_host.pth"
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
+  PY=$VENV/bin/python
+fi
+echo "interpreter: $PY"
+export PY REHEARSAL OUTDIR WORKERS SELECT
+
+# -- 1. versions --------------------------------------------------------------------------------
+versions() {
+  [ "$REHEARSAL" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  "$PY" - <<'PYEOF'
+import os, platform, sys
+sys.path.insert(0, "tests")
+import cupy_standin
+cupy_standin.install()  # only in the rehearsal
 import numpy, cupy
 n = cupy.cuda.runtime.getDeviceCount()  # raises without a driver: the check fails here
 if n < 1:
     sys.exit("gpu_check: CuPy sees no GPU")
-props = cupy.cuda.runtime.getDeviceProperties(0)
-print(f"python {platform.python_version()}, numpy {numpy.__version__}")
-print(f"device {props['name'].decode()}, driver {cupy.cuda.runtime.driverGetVersion()}, "
-      f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, CuPy {cupy.__version__}, "
-      f"NVRTC {cupy.cuda.nvrtc.getVersion()}")
+print(f"python {platform.python_version()} ({sys.executable}), numpy {numpy.__version__}")
+if not cupy_standin.INSTALLED:
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    print(f"device {props['name'].decode()} x{n}, driver {cupy.cuda.runtime.driverGetVersion()}, "
+          f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, CuPy {cupy.__version__}, "
+          f"NVRTC {cupy.cuda.nvrtc.getVersion()}")
+from replicate.runtime.gpu_transport import nccl_module
+nccl = nccl_module()
+print(f"NCCL {nccl.get_version() if nccl is not None else 'does not load'}")
 import jax
-gpus = [d for d in jax.devices() if d.platform == "gpu"]
 print(f"jax {jax.__version__}: {jax.devices()}")
-if not gpus:
+if not cupy_standin.INSTALLED and not [d for d in jax.devices() if d.platform == "gpu"]:
     sys.exit("gpu_check: JAX sees no GPU (install jax[cuda12] or jax[cuda13])")
 try:
     import torch
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available "
           f"{torch.cuda.is_available()}")
 except ImportError:
-    print("torch not installed (the step benchmark's PyTorch rows will say so)")
+    print("torch not installed")
+from mpi4py import MPI
+print(f"mpi4py {MPI.Get_library_version().splitlines()[0]}")
+mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+assert os.path.exists(mpiexec), f"no mpiexec beside the interpreter ({mpiexec})"
 from replicate.backends import available
 assert "cupy" in available(), "the cupy backend is not available"
-EOF
-
-run_pytest() {  # pytest that fails when anything skipped: on a GPU machine nothing may skip
-  local log
-  log=$(mktemp)
-  set +e
-  python -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  if grep -E "^SKIPPED" "$log" | grep -v "a GPU is here" | grep -v "nvcc" | grep -v "g++"; then
-    echo "gpu_check: tests skipped on a GPU machine (above): failing"; exit 1
-  fi
-  [ "$rc" -eq 0 ] || { echo "gpu_check: pytest failed ($rc)"; exit 1; }
+PYEOF
 }
+export -f versions
+step "versions" 90 versions
 
-step "parity: op harness, whole steps, generated kernels (cupy and jax vs numpy)"
-run_pytest tests/test_backend_parity.py tests/test_cuda_codegen.py tests/test_cupy_kernels.py \
-  tests/test_step_errors.py -k "cupy or jax or kernel or sweep or finding or epilogue or \
-parameter or float16 or constants or logistic or negative or helpers"
-step "deterministic scatter-add: gather gradients are NumPy's bits, twice"
-run_pytest tests/test_cupy_scatter.py
-step "parity: float16 op harness on cupy and jax"
-run_pytest tests/test_ops_low_precision.py -k "cupy or jax"
+# -- 2. the parity suites -----------------------------------------------------------------------
+parity() {
+  "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" -rs --junitxml="$OUTDIR/junit.xml" \
+    -o faulthandler_timeout=150 \
+    -k "$SELECT" tests/test_cupy_kernels.py tests/test_cupy_scatter.py \
+    tests/test_cuda_codegen.py tests/test_device_state.py tests/test_backend_parity.py \
+    tests/test_ops_low_precision.py tests/test_step_errors.py tests/test_interop.py
+  local rc=$?
+  # nothing may skip on a GPU machine, but what only the stand-in or a compiler can check
+  "$PY" - "$OUTDIR/junit.xml" <<'PYEOF' || rc=1
+import sys, xml.etree.ElementTree as ET
+ALLOWED = ("a GPU is here", "g++", "nvcc")
+cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+skipped = [(c.get("classname") + "::" + c.get("name"), s.get("message", ""))
+           for c in cases for s in c.findall("skipped")]
+bad = [(n, m) for n, m in skipped if not any(a in m for a in ALLOWED)]
+print(f"gpu_check: {len(cases)} tests, {len(skipped)} skipped ({len(skipped) - len(bad)} "
+      f"allowed: {', '.join(ALLOWED)})")
+for n, m in bad:
+    print(f"gpu_check: skipped on a GPU machine: {n}: {m}")
+sys.exit(1 if bad or not cases else 0)
+PYEOF
+  return $rc
+}
+export -f parity
+step "parity suites (pytest -n $WORKERS)" 300 parity
 
-step "oracle: k = 1, 2, 4 replicas in one process on the GPU (cupy, jax vs numpy)"
-python - <<'EOF'
-import sys
-sys.path.insert(0, "tests")
-import test_backend_parity as P
-for k in (1, 2, 4):
-    want_hist, want_params, _ = P.replicated_training("numpy", k=k)
-    for backend in ("cupy", "jax"):
-        hist, params, _ = P.replicated_training(backend, k=k)
-        P.assert_nests_same(hist, want_hist, f"k={k} {backend} outputs")
-        P.assert_nests_same(params, want_params, f"k={k} {backend} parameters")
-        print(f"oracle k={k} {backend}: as numpy")
-EOF
-step "oracle: 2 ranks sharing the GPU (host-staged MPI)"
-run_pytest tests/test_backend_parity.py -k "two_processes"
+# -- 3.-5. the oracle and NCCL ------------------------------------------------------------------
+step "oracle: k = ${ORACLE// /, } replicas (cupy, jax)" 120 "$PY" bench/gpu_oracle.py $ORACLE
+step "NCCL: a 1-rank communicator" 60 "$PY" bench/gpu_nccl_check.py one
+step "NCCL: 2 ranks on one GPU" 90 \
+  "$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec" -n 2 \
+  "$PY" bench/gpu_nccl_check.py shared
 
-step "device residency: state on the GPU, bytes per step"
-run_pytest tests/test_device_state.py
-step "NCCL structurally: a 1-rank communicator"
-python bench/gpu_nccl_check.py one
-step "NCCL structurally: 2 ranks on one GPU (refused cleanly; host-staged automatically)"
-MPIEXEC="$(dirname "$(python -c 'import sys; print(sys.executable)')")/mpiexec"
-timeout 300 "$MPIEXEC" -n 2 python bench/gpu_nccl_check.py shared \
-  || { echo "gpu_check: the 2-rank NCCL check failed or hung"; exit 1; }
-
-step "benchmark: 8-op elementwise chain (cupy backend vs cupy.fuse, jax.jit, copy bandwidth)"
-python bench/fusion.py --threads 1
-step "benchmark: MLP and conv steps on the GPU (vs PyTorch eager, torch.compile, jax.jit)"
-python bench/gpu_steps.py
-
-step "done in $(( $(date +%s) - start )) s"
+echo
+echo "=== summary ($(( $(date +%s) - start )) s; $OUTDIR)"
+cat "$SUMMARY"
+exit $failed

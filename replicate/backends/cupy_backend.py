@@ -156,6 +156,18 @@ def _logistic(x):
     return cupy.exp(cupy.minimum(x, 0)) / (1 + cupy.exp(-cupy.abs(x)))
 
 
+def _remainder(a, b):
+    """NumPy's float remainder (its ``npy_divmod``): ``fmod``, moved by the divisor when the
+    signs differ, a zero taking the divisor's sign. CuPy's is ``a - floor(a / b) * b``, NaN
+    for a finite ``a`` over an infinite ``b`` (NumPy: ``a``, or ``b`` where the signs differ).
+    Integers: CuPy's, which is NumPy's (0 for a divisor of 0)."""
+    if cupy.result_type(a, b).kind != "f":
+        return cupy.remainder(a, b)
+    r = cupy.fmod(a, b)
+    r = cupy.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    return cupy.where(r == 0, cupy.copysign(r * 0, b), r)
+
+
 def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read backwards
     order = cupy.argsort(cupy.flip(x, -1), axis=-1)
     return cupy.flip(x.shape[-1] - 1 - order, -1)[..., :k]
@@ -164,7 +176,7 @@ def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read 
 # every reference row with cupy as its array module; float16 operands in float32 (as IMPL)
 _ROWS = table(cupy, "cupy", {
     **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
-    "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x),
+    "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x), "mod": _remainder,
     "top_k_indices": _top_k,  # CuPy's sorts are stable (kind=None), with no ``stable=``
     "sort": lambda x, axis: cupy.sort(x, axis=axis),
     "argsort": lambda x, axis: cupy.argsort(x, axis=axis),

@@ -46,6 +46,19 @@ def _div(a, b):
     return jnp.where(zero, 0, jnp.floor_divide(a, jnp.where(zero, 1, b)))
 
 
+def _cast(x, dtype):
+    """The reference's cast. On a GPU, XLA drops a narrowing float cast that a widening one
+    follows (its excess-precision simplification: float64 -> float32 -> float64 came back
+    unrounded, seen on an H200): there the narrowed value passes an optimisation barrier, so
+    the rounding asked for happens (NumPy's bits). On a CPU nothing is dropped."""
+    x = jnp.asarray(x)
+    out = x.astype(dtype)
+    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(out.dtype, jnp.floating) and \
+            out.dtype.itemsize < x.dtype.itemsize and jax.default_backend() != "cpu":
+        out = lax.optimization_barrier(out)
+    return out
+
+
 def pow_checked(node) -> bool:
     """Whether ``node`` (or a member of a fused group) is an integer power whose exponent can
     be negative: NumPy raises there, so the JAX backend checks it (``checkify.user_checks``)."""
@@ -270,6 +283,7 @@ def _fused(*xs, body):
 # the reference rows applied to jax.numpy, and where JAX must be told to match NumPy
 JAX = reference.table(jnp, "jax", {
     "div": _div,
+    "cast": _cast,
     "logistic": jax.nn.sigmoid,
     "stop_gradient": jnp.asarray,  # JAX never differentiates here: the IR has the gradient
     "scatter_add": _scatter_add,
