@@ -296,6 +296,7 @@ def test_two_processes_over_every_transport(ranks):
     assert result.returncode == 0, report(result)
     for check in ("own GPUs as numpy over nccl", "CUDA-aware MPI as numpy over cuda-aware-mpi",
                   "one shared GPU as numpy over host", "forced NCCL on one GPU refused",
+                  "the stand-in NCCL takes integers only",
                   "the stand-in NCCL refuses too"):
         assert result.stdout.count(check) == ranks, report(result)
 
@@ -437,6 +438,62 @@ def test_prefetch_copies_batches_up_on_its_thread_and_the_step_waits_for_them(mo
         if what == "run":
             assert thread == main
             assert all(id(staged[id(x)]) in waited for x in obj if id(x) in staged)
+
+
+def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_them(monkeypatch):
+    """What ``cupy_standin_cuda.py`` models of CuPy 14 and the backend relies on, asserted of
+    whichever ``cupy`` is in place (on a GPU, of the real one): the current device and current
+    streams are per host thread (a new thread starts on device 0, on the null stream);
+    ``Device.use`` returns None; ``Event.record`` takes a ``Stream``, not its pointer; NCCL's
+    unique id is 128 ``bytes`` and a tuple is refused. With two devices: a stream made current
+    or recorded on from another device fails, a stream waits for another device's event."""
+    import cupy
+
+    from replicate.runtime.gpu_transport import nccl_module
+
+    cuda = cupy.cuda
+    if cupy_standin.ACTIVE:
+        monkeypatch.setenv("REPLICATE_STANDIN_DEVICES", "2")
+    main = cuda.runtime.getDevice()
+    assert cuda.Device(main).use() is None
+    stream = cuda.Stream(non_blocking=True)
+    assert stream.device_id == main
+    with stream:
+        assert cuda.get_current_stream() == stream
+        seen = {}
+        thread = threading.Thread(target=lambda: seen.update(
+            device=cuda.runtime.getDevice(), stream=cuda.get_current_stream()))
+        thread.start()
+        thread.join()
+        assert seen == {"device": 0, "stream": cuda.Stream.null}
+    assert cuda.get_current_stream() == cuda.Stream.null
+    cuda.get_current_stream().wait_event(stream.record())
+    with pytest.raises(AttributeError):
+        cuda.Event().record(stream.ptr)
+    nccl = nccl_module()
+    if nccl is not None:
+        uid = nccl.get_unique_id()
+        assert type(uid) is bytes and len(uid) == 128
+        with pytest.raises(TypeError, match=r"Argument 'commId' has incorrect type \(expected "
+                                            r"bytes, got tuple\)"):
+            nccl.NcclCommunicator(1, tuple(uid), 0)
+    if cuda.runtime.getDeviceCount() < 2:
+        return
+    with cuda.Device(1):
+        other = cuda.Stream(non_blocking=True)
+        assert other.device_id == 1 and cuda.get_current_stream(0) == cuda.Stream.null
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(cuda.runtime.getDevice()))
+        thread.start()
+        thread.join()
+        assert seen == [0]
+        event = other.record()
+    with cuda.Device(0):
+        cuda.get_current_stream().wait_event(event)  # (CUDA allows another device's event)
+        for wrong in (other.use, other.__enter__, other.record, lambda: cuda.Event().record(
+                other)):
+            with pytest.raises(RuntimeError):
+                wrong()
 
 
 @pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
