@@ -496,6 +496,50 @@ def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_the
                 wrong()
 
 
+def test_the_prefetch_thread_stages_batches_on_the_ranks_gpu(monkeypatch):
+    """CuPy's current device is per host thread (a new thread starts on device 0), and only the
+    main thread selects the rank's GPU: with two GPUs and this process placed on GPU 1 (as rank
+    1 of two on one machine is), the prefetch thread's stream, buffers and events must be on
+    GPU 1 too, and the training NumPy's."""
+    if not cupy_standin.ACTIVE:
+        pytest.skip("a GPU is here: this places the process on the stand-in's second device")
+    import cupy_standin_cuda as cuda
+    from replicate.backends import cupy_device
+    from replicate.backends.base import PLACEMENT
+
+    log = []  # (what, thread, current device, stream's device, event's device)
+    real_set, real_record = cupy_standin.ndarray.set, cuda.Stream.record
+
+    def set_(self, arr, stream=None):
+        log.append(("set", threading.current_thread().name, cuda.STATE.device,
+                    stream.device_id, None))
+        return real_set(self, arr, stream)
+
+    def record(self, event=None):
+        event = real_record(self, event)
+        log.append(("record", threading.current_thread().name, cuda.STATE.device,
+                    self.device_id, event.device_id))
+        return event
+
+    monkeypatch.setattr(cupy_standin.ndarray, "set", set_)
+    monkeypatch.setattr(cuda.Stream, "record", record)
+    monkeypatch.setenv("REPLICATE_STANDIN_DEVICES", "2")
+    before = cuda.STATE.device
+    monkeypatch.setitem(PLACEMENT, "cupy", lambda count: 1)
+    try:
+        assert cupy_device.place() == 1
+        _, history, w = _staged_training("cupy", 2)
+    finally:
+        monkeypatch.setitem(PLACEMENT, "cupy", lambda count: before)
+        cupy_device.place()
+    _, want_history, want_w = _staged_training("numpy", 0)
+    assert history == want_history and w.tolist() == want_w.tolist()
+    staged = [entry for entry in log if entry[1] == "replicate-prefetch"]
+    assert any(what == "set" for what, *_ in staged), "later batches come staged"
+    assert all(entry[2:] == (1, 1, None if entry[0] == "set" else 1) for entry in staged), \
+        staged
+
+
 @pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")
 def test_prefetch_puts_batches_on_the_jax_device_on_its_thread(monkeypatch):
     import jax
