@@ -78,9 +78,8 @@ def shared():
     assert gpu_transport.CHOSEN["kind"] == "host", gpu_transport.CHOSEN
     print(f"rank {rank}: automatic choice: {gpu_transport.CHOSEN}; trains as numpy", flush=True)
     nccl = gpu_transport.nccl_module()
-    uid = rp.host.broadcast(np.array(nccl.get_unique_id() if rank == 0 else [0] * 128,
-                                     np.int64))
-    uid = tuple(int(v) for v in uid)
+    uid = nccl.get_unique_id() if rank == 0 else bytes(128)  # CuPy 14: bytes, and only bytes
+    uid = np.asarray(rp.host.broadcast(np.frombuffer(uid, np.uint8))).tobytes()
     try:
         nccl.NcclCommunicator(2, uid, rank)
     except nccl.NcclError as e:

@@ -296,6 +296,7 @@ def test_two_processes_over_every_transport(ranks):
     assert result.returncode == 0, report(result)
     for check in ("own GPUs as numpy over nccl", "CUDA-aware MPI as numpy over cuda-aware-mpi",
                   "one shared GPU as numpy over host", "forced NCCL on one GPU refused",
+                  "the stand-in NCCL takes integers only",
                   "the stand-in NCCL refuses too"):
         assert result.stdout.count(check) == ranks, report(result)
 
@@ -437,6 +438,106 @@ def test_prefetch_copies_batches_up_on_its_thread_and_the_step_waits_for_them(mo
         if what == "run":
             assert thread == main
             assert all(id(staged[id(x)]) in waited for x in obj if id(x) in staged)
+
+
+def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_them(monkeypatch):
+    """What ``cupy_standin_cuda.py`` models of CuPy 14 and the backend relies on, asserted of
+    whichever ``cupy`` is in place (on a GPU, of the real one): the current device and current
+    streams are per host thread (a new thread starts on device 0, on the null stream);
+    ``Device.use`` returns None; ``Event.record`` takes a ``Stream``, not its pointer; NCCL's
+    unique id is 128 ``bytes`` and a tuple is refused. With two devices: a stream made current
+    or recorded on from another device fails, a stream waits for another device's event."""
+    import cupy
+
+    from replicate.runtime.gpu_transport import nccl_module
+
+    cuda = cupy.cuda
+    if cupy_standin.ACTIVE:
+        monkeypatch.setenv("REPLICATE_STANDIN_DEVICES", "2")
+    main = cuda.runtime.getDevice()
+    assert cuda.Device(main).use() is None
+    stream = cuda.Stream(non_blocking=True)
+    assert stream.device_id == main
+    with stream:
+        assert cuda.get_current_stream() == stream
+        seen = {}
+        thread = threading.Thread(target=lambda: seen.update(
+            device=cuda.runtime.getDevice(), stream=cuda.get_current_stream()))
+        thread.start()
+        thread.join()
+        assert seen == {"device": 0, "stream": cuda.Stream.null}
+    assert cuda.get_current_stream() == cuda.Stream.null
+    cuda.get_current_stream().wait_event(stream.record())
+    with pytest.raises(AttributeError):
+        cuda.Event().record(stream.ptr)
+    nccl = nccl_module()
+    if nccl is not None:
+        uid = nccl.get_unique_id()
+        assert type(uid) is bytes and len(uid) == 128
+        with pytest.raises(TypeError, match=r"Argument 'commId' has incorrect type \(expected "
+                                            r"bytes, got tuple\)"):
+            nccl.NcclCommunicator(1, tuple(uid), 0)
+    if cuda.runtime.getDeviceCount() < 2:
+        return
+    with cuda.Device(1):
+        other = cuda.Stream(non_blocking=True)
+        assert other.device_id == 1 and cuda.get_current_stream(0) == cuda.Stream.null
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(cuda.runtime.getDevice()))
+        thread.start()
+        thread.join()
+        assert seen == [0]
+        event = other.record()
+    with cuda.Device(0):
+        cuda.get_current_stream().wait_event(event)  # (CUDA allows another device's event)
+        for wrong in (other.use, other.__enter__, other.record, lambda: cuda.Event().record(
+                other)):
+            with pytest.raises(RuntimeError):
+                wrong()
+
+
+def test_the_prefetch_thread_stages_batches_on_the_ranks_gpu(monkeypatch):
+    """CuPy's current device is per host thread (a new thread starts on device 0), and only the
+    main thread selects the rank's GPU: with two GPUs and this process placed on GPU 1 (as rank
+    1 of two on one machine is), the prefetch thread's stream, buffers and events must be on
+    GPU 1 too, and the training NumPy's."""
+    if not cupy_standin.ACTIVE:
+        pytest.skip("a GPU is here: this places the process on the stand-in's second device")
+    import cupy_standin_cuda as cuda
+    from replicate.backends import cupy_device
+    from replicate.backends.base import PLACEMENT
+
+    log = []  # (what, thread, current device, stream's device, event's device)
+    real_set, real_record = cupy_standin.ndarray.set, cuda.Stream.record
+
+    def set_(self, arr, stream=None):
+        log.append(("set", threading.current_thread().name, cuda.STATE.device,
+                    stream.device_id, None))
+        return real_set(self, arr, stream)
+
+    def record(self, event=None):
+        event = real_record(self, event)
+        log.append(("record", threading.current_thread().name, cuda.STATE.device,
+                    self.device_id, event.device_id))
+        return event
+
+    monkeypatch.setattr(cupy_standin.ndarray, "set", set_)
+    monkeypatch.setattr(cuda.Stream, "record", record)
+    monkeypatch.setenv("REPLICATE_STANDIN_DEVICES", "2")
+    before = cuda.STATE.device
+    monkeypatch.setitem(PLACEMENT, "cupy", lambda count: 1)
+    try:
+        assert cupy_device.place() == 1
+        _, history, w = _staged_training("cupy", 2)
+    finally:
+        monkeypatch.setitem(PLACEMENT, "cupy", lambda count: before)
+        cupy_device.place()
+    _, want_history, want_w = _staged_training("numpy", 0)
+    assert history == want_history and w.tolist() == want_w.tolist()
+    staged = [entry for entry in log if entry[1] == "replicate-prefetch"]
+    assert any(what == "set" for what, *_ in staged), "later batches come staged"
+    assert all(entry[2:] == (1, 1, None if entry[0] == "set" else 1) for entry in staged), \
+        staged
 
 
 @pytest.mark.skipif(not HAVE_JAX, reason="jax not installed")

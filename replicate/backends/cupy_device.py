@@ -9,7 +9,9 @@ copies up only its batch and copies down only its results — those in one trans
 Placement: on import, under MPI, the process takes GPU ``local rank % device count`` (the local
 rank from the MPI shared-memory split, ``replicate/runtime/gpu_transport.py``), so ranks on one
 machine spread over its GPUs; a single process keeps its current device;
-``CUDA_VISIBLE_DEVICES`` narrows what a process sees as usual.
+``CUDA_VISIBLE_DEVICES`` narrows what a process sees as usual. CuPy's current device is per host
+thread (a new thread starts on device 0), so the chosen one is kept (``DEVICE.index``) and the
+prefetch thread selects it before it makes its stream and buffers (``stage``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class CupyDevice(Device):
         super().__init__()
         self._local = threading.local()  # a thread's copy stream (``stage``)
         self._fence = None  # the step's stream at the last ``release``
+        self.index = cupy.cuda.runtime.getDevice()  # the process's GPU (``place``)
 
     def is_array(self, x) -> bool:
         return isinstance(x, cupy.ndarray)
@@ -86,23 +89,26 @@ class CupyDevice(Device):
         so the copy overlaps the step running on the main stream; the step's stream waits for
         the event recorded after the copies (``Staged.take``). The buffers come from CuPy's
         pool on the copy stream: a block the step freed is reused only after the step's
-        stream passed ``_fence`` (recorded at each ``release``, read after allocating)."""
+        stream passed ``_fence`` (recorded at each ``release``, read after allocating).
+        Stream, buffers and event are made on the process's GPU (``index``): CuPy's current
+        device is per host thread, and this thread's would be device 0."""
         local = self._local
-        if getattr(local, "stream", None) is None:
-            local.stream = cupy.cuda.Stream(non_blocking=True)
-        stream = local.stream
         host = [x if self.is_array(x) else np.asarray(x, order="C") for x in leaves]  # (0-d stays)
-        with stream:
-            out = [x if self.is_array(x) else cupy.empty(x.shape, x.dtype) for x in host]
-            fence = self._fence
-            if fence is not None:
-                stream.wait_event(fence)
-            for buf, x in zip(out, host):
-                if buf is not x:
-                    with self._count:
-                        self.transfers["to_device"] += x.nbytes
-                    buf.set(x, stream=stream)
-            event = stream.record()
+        with cupy.cuda.Device(self.index):
+            if getattr(local, "stream", None) is None or local.stream.device_id != self.index:
+                local.stream = cupy.cuda.Stream(non_blocking=True)
+            stream = local.stream
+            with stream:
+                out = [x if self.is_array(x) else cupy.empty(x.shape, x.dtype) for x in host]
+                fence = self._fence
+                if fence is not None:
+                    stream.wait_event(fence)
+                for buf, x in zip(out, host):
+                    if buf is not x:
+                        with self._count:
+                            self.transfers["to_device"] += x.nbytes
+                        buf.set(x, stream=stream)
+                event = stream.record()
         return Staged(out, lambda: cupy.cuda.get_current_stream().wait_event(event),
                       self._release)
 
@@ -121,12 +127,14 @@ DEVICE = CupyDevice()
 
 def place() -> int:
     """Use GPU ``local rank % device count`` under MPI (``PLACEMENT``, set by the runtime); a
-    single process keeps its current device. Returns the device's index."""
+    single process keeps its current device. Returns the device's index, kept as
+    ``DEVICE.index`` for threads other than this one (``CupyDevice.stage``)."""
     choose = PLACEMENT.get("cupy")
     index = choose(cupy.cuda.runtime.getDeviceCount()) if choose is not None else None
     if index is not None:
         cupy.cuda.Device(index).use()
-    return cupy.cuda.runtime.getDevice()
+    DEVICE.index = cupy.cuda.runtime.getDevice()
+    return DEVICE.index
 
 
 __all__ = ["DEVICE", "CupyDevice", "place"]

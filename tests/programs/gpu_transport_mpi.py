@@ -9,6 +9,8 @@ buckets reduced while the backward pass goes on) must give NumPy's losses and pa
 * ``REPLICATE_TRANSPORT=cuda-aware-mpi`` (asked for: this MPI is not CUDA-aware, but the
   stand-in's device memory is host memory): MPI on the arrays' device pointers;
 * one GPU for both ranks -> host-staged MPI, the reason saying they share it;
+* the stand-in NCCL as strict as CuPy's: a ``Stream`` object where its ``intptr_t stream`` is
+  wanted is a ``TypeError``, a stream of another device than the communicator's an NCCL error;
 * ``REPLICATE_TRANSPORT=nccl`` with both ranks on one GPU -> a clear error on every rank, and
   the (stand-in) NCCL itself refusing such an init.
 """
@@ -63,11 +65,30 @@ def parity(label, kind):
     return moved
 
 
+def integer_arguments_only(rank):
+    """The NCCL transport's communicator refuses the stream object and another GPU's stream."""
+    import cupy
+
+    nccl, t = cupy.cuda.nccl, cupy_comm._TRANSPORT[0]
+    x = cupy.zeros(4, cupy.uint8)
+    with cupy.cuda.Device(1 - rank):
+        elsewhere = cupy.cuda.Stream()
+    for stream, error in ((t.stream, TypeError), (elsewhere.ptr, nccl.NcclError)):
+        try:
+            t.comm.bcast(x.data.ptr, x.nbytes, nccl.NCCL_UINT8, 0, stream)
+        except error:
+            continue
+        raise AssertionError(f"the stand-in NCCL took stream {stream!r}")
+    t.comm.bcast(x.data.ptr, x.nbytes, nccl.NCCL_UINT8, 0, t.stream.ptr)
+    print(f"rank {rank}: the stand-in NCCL takes integers only, a stream of its GPU", flush=True)
+
+
 def main():
     rank = rp.process_index()
     fresh(devices=2)
     assert cupy_standin._CUDA.STATE.device == rank  # local rank % device count
     nccl_bytes = parity("own GPUs", "nccl")
+    integer_arguments_only(rank)
     fresh("cuda-aware-mpi")
     parity("CUDA-aware MPI", "cuda-aware-mpi")
     fresh(devices=1)
@@ -85,7 +106,7 @@ def main():
         raise AssertionError("NCCL on one shared GPU was not refused")
     nccl = cupy_standin._CUDA.make_cuda()[1]
     try:
-        nccl.NcclCommunicator(2, (0,) * 128, rank)  # both ranks on GPU 0 now
+        nccl.NcclCommunicator(2, bytes(128), rank)  # both ranks on GPU 0 now
     except nccl.NcclError as e:
         assert "INVALID_USAGE" in str(e), e
         print(f"rank {rank}: the stand-in NCCL refuses too ({e})", flush=True)
