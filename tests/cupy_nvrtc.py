@@ -1,5 +1,6 @@
-"""Compile the kernels the cupy backend launched, without a GPU: each launch the CuPy stand-in
-recorded (``replicate.backends.cuda_launches.LAUNCHES``) is built by the real CuPy's own kernel machinery (its
+"""Compile the kernels the cupy backend launched, without a GPU: each launch the backend
+recorded (``replicate.backends.cuda_launches.LAUNCHES``) is built by the real CuPy's own kernel
+machinery (its
 parameter parsing and type checks, its ``ElementwiseKernel``, ``ReductionKernel`` and CUB
 block-reduction source templates, its headers and compile options) and compiled with NVRTC for
 ``sm_90`` (an H100). Needs the ``cupy-cuda13x`` and ``nvidia-cuda-nvrtc`` wheels (the ``test``

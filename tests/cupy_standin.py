@@ -30,6 +30,7 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
   ``item``, ``tolist``) is a copy, counted in ``TRANSFERS``;
 * an integer ``power`` is CuPy's (a negative exponent gives 0, 1 or -1, never NumPy's
   ValueError); in a generated kernel it is C's ``_ipow``, which sets the kernel's error flag;
+  a float ``remainder`` is CuPy's ``a - floor(a / b) * b`` (NaN over an infinite divisor);
 * ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
   ``cupy_standin_cuda.py``.
 
@@ -306,6 +307,16 @@ def _spec_for(cls, args, kwargs):
     return spec
 
 
+def cupy_remainder(a, b, *args, **kwargs):
+    """CuPy's ``remainder`` (``cupy._core._routines_math``): for floats ``a - floor(a / b) * b``
+    — NaN for a finite ``a`` over an infinite ``b``, where NumPy's ``fmod``-based one gives ``a``
+    (or ``b``); for integers NumPy's (0 for a divisor of 0)."""
+    if np.result_type(a, b).kind != "f":
+        return np.remainder(a, b, *args, **kwargs)
+    with np.errstate(all="ignore"):
+        return np.subtract(a, np.floor(np.true_divide(a, b)) * b, *args, **kwargs)
+
+
 def integer_power(a, b):
     """CuPy's integer ``power`` (and the generated ``_ipow`` before issue 18's fix): by squaring,
     and for a negative exponent 0, or 1 / -1 for a base of 1 / -1 — never NumPy's ValueError."""
@@ -508,6 +519,7 @@ def _make_modules() -> dict:
                           "argsort")
     cp.power = _checked(lambda a, b, *args, **kw: integer_power(a, b) if np.result_type(
         a, b).kind in "iub" else np.power(a, b, *args, **kw), "power")  # CuPy's: never raises
+    cp.remainder = cp.mod = _checked(cupy_remainder, "remainder")
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
     cp.cuda, nccl = _CUDA.make_cuda()
     cp.from_dlpack = _from_dlpack

@@ -279,8 +279,8 @@ def test_random_bits_are_the_reference_hash_made_on_the_device_and_compile():
 
     key = rnp.random.key(2**33 + 5).numpy()
     with LAUNCHES.recording() as seen:
-        got = rp.function(draws, backend="cupy")(key)
-    for got, want in zip(got, rp.function(draws)(key)):
+        draws_on_device = rp.function(draws, backend="cupy")(key)
+    for got, want in zip(draws_on_device, rp.function(draws)(key)):
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
     random = seen.named("replicate_random_bits_")
     # the draws' streams (uniform, split, fold-in), each its own generated kernel

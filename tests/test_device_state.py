@@ -351,38 +351,6 @@ def test_variables_keep_one_device_buffer_written_in_place_and_never_the_callers
     assert w.numpy().tolist() == [3.0] * 3 and v.numpy().tolist() == [3.0] * 3
 
 
-def _staging_log(monkeypatch):
-    """Log (what, thread, object) of every copy up (``set``: a staged copy; ``asarray``: one by
-    the step), every event recorded and every wait on one, in order."""
-    import cupy_standin_cuda as cuda
-
-    log = []
-    me = lambda: threading.current_thread().name  # noqa: E731
-    real_set, real_asarray = cupy_standin.ndarray.set, sys.modules["cupy"].asarray
-    real_record = cuda.Stream.record
-
-    def set_(self, arr, stream=None):
-        log.append(("set", me(), self))  # (kept alive: ids stay unique)
-        return real_set(self, arr, stream)
-
-    def asarray(x, dtype=None):
-        if not isinstance(x, cupy_standin.ndarray):
-            log.append(("asarray", me(), None))
-        return real_asarray(x, dtype)
-
-    def record(self, event=None):
-        event = real_record(self, event)
-        log.append(("record", me(), event))
-        return event
-
-    monkeypatch.setattr(cupy_standin.ndarray, "set", set_)
-    monkeypatch.setattr(sys.modules["cupy"], "asarray", asarray)
-    monkeypatch.setattr(cuda.Stream, "record", record)
-    monkeypatch.setattr(cuda.Stream, "wait_event",
-                        lambda self, e: log.append(("wait", me(), (self, e))))
-    return log
-
-
 def _staged_training(backend, prefetch, steps=6, log=None):
     w = rp.Variable(np.zeros(4, np.float32), name="w_staged")
     data = np.arange(48, dtype=np.float32).reshape(12, 4)
@@ -408,33 +376,35 @@ def _staged_training(backend, prefetch, steps=6, log=None):
 
 
 @pytest.mark.parametrize("prefetch", [2, 0])
-def test_prefetch_copies_batches_up_on_its_thread_and_the_step_waits_for_them(monkeypatch,
-                                                                              prefetch):
+def test_prefetch_copies_batches_up_on_its_thread_and_the_step_waits_for_them(prefetch):
     """With prefetch on, the prefetch thread copies each batch up (on its own stream, an event
     recorded after the copies) once the first step is compiled; the step's stream waits for that
     event before the step reads the batch; the values are those of prefetch=0 (every batch
     copied up by the step, on the main thread) and of the NumPy backend."""
-    log = _staging_log(monkeypatch)
-    runs, history, w = _staged_training("cupy", prefetch, log=log)
+    from replicate.backends.cupy_device import DEVICE
+
+    with DEVICE.recording_staging() as log:  # the backend's own record: the same on a GPU
+        runs, history, w = _staged_training("cupy", prefetch, log=log)
     _, want_history, want_w = _staged_training("numpy", 0)
     assert history == want_history and w.tolist() == want_w.tolist()
     main = threading.main_thread().name
     staged = {}  # id of a staged device array -> the event recorded after its copy
-    for k, (what, thread, obj) in enumerate(log):
-        if what == "set":
+    for what, thread, obj in log:
+        if what == "stage":
             assert thread == "replicate-prefetch"
-            staged[id(obj)] = next(o for w_, t, o in log[k:] if w_ == "record" and t == thread)
+            buffers, event, _ = obj
+            staged.update((id(b), event) for b in buffers)
     used = [x for r in runs for x in r[2] if id(x) in staged]
     if prefetch == 0:
         assert not staged and not used
-        assert {t for what, t, _ in log if what == "asarray"} == {main}
+        assert {t for what, t, _ in log if what == "upload"} == {main}
         return
     # batches 1 to 4 are drawn before the first step is compiled (the backend unknown yet)
     assert len(used) >= 2 * 2, "batches 5 and 6 of both replicas come staged"
     waited: set = set()  # the events the main thread's stream waited for, so far
     for what, thread, obj in log:
         if what == "wait" and thread == main:
-            waited.add(id(obj[1]))
+            waited.add(id(obj))
         if what == "run":
             assert thread == main
             assert all(id(staged[id(x)]) in waited for x in obj if id(x) in staged)
@@ -504,6 +474,7 @@ def test_the_prefetch_thread_stages_batches_on_the_ranks_gpu(monkeypatch):
     if not cupy_standin.ACTIVE:
         pytest.skip("a GPU is here: this places the process on the stand-in's second device")
     import cupy_standin_cuda as cuda
+
     from replicate.backends import cupy_device
     from replicate.backends.base import PLACEMENT
 

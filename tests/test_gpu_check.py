@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, child_env, have_mpi
 
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")

@@ -16,6 +16,7 @@ prefetch thread selects it before it makes its stream and buffers (``stage``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import cupy
@@ -42,13 +43,31 @@ class CupyDevice(Device):
         super().__init__()
         self._local = threading.local()  # a thread's copy stream (``stage``)
         self._fence = None  # the step's stream at the last ``release``
+        self.staging = None  # a list while ``recording_staging`` is open
         self.index = cupy.cuda.runtime.getDevice()  # the process's GPU (``place``)
 
     def is_array(self, x) -> bool:
         return isinstance(x, cupy.ndarray)
 
     def _upload(self, x):
+        log = self.staging
+        if log is not None:
+            log.append(("upload", threading.current_thread().name, None))
         return cupy.asarray(x)
+
+    @contextlib.contextmanager
+    def recording_staging(self):
+        """Record, in order, what the copies up do while the block is open (the tests read this
+        record, so they mean the same on a GPU as on the stand-in), as ``(what, thread, obj)``:
+        ``("stage", thread, (buffers, event, device))`` for a batch staged by ``stage`` (its
+        device buffers, the event recorded after their copies, the GPU they were made on),
+        ``("wait", thread, event)`` when a step's stream is made to wait for one, and
+        ``("upload", thread, None)`` for a copy up made by the step itself."""
+        self.staging = log = []
+        try:
+            yield log
+        finally:
+            self.staging = None
 
     def _download(self, x):
         return cupy.asnumpy(x)
@@ -109,8 +128,18 @@ class CupyDevice(Device):
                             self.transfers["to_device"] += x.nbytes
                         buf.set(x, stream=stream)
                 event = stream.record()
-        return Staged(out, lambda: cupy.cuda.get_current_stream().wait_event(event),
-                      self._release)
+        log = self.staging
+        if log is not None:
+            log.append(("stage", threading.current_thread().name,
+                        ([b for b, x in zip(out, host) if b is not x], event, stream.device_id)))
+        return Staged(out, lambda: self._wait(event), self._release)
+
+    def _wait(self, event) -> None:
+        """The calling thread's current stream (the step's) waits for ``event``."""
+        log = self.staging
+        if log is not None:
+            log.append(("wait", threading.current_thread().name, event))
+        cupy.cuda.get_current_stream().wait_event(event)
 
     def _release(self) -> None:
         self._fence = cupy.cuda.get_current_stream().record()
