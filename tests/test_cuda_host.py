@@ -347,3 +347,33 @@ def test_every_fusible_primitive_and_dtype_is_run(host_run):
         floats = REGISTRY[prim].shape_rule.__name__ != "_logical"  # logical ops: bools only
         assert {f"{prim}_{d.name}" for d in ((F16, F32, F64) if floats else (BOOL,))} <= run
     assert set(CTYPE) - {"uint32"} <= {t.name for t in TARGETS}  # no uint32 values in graphs
+
+
+def _signature(case):
+    """How the CuPy stand-in records a launch of ``case``'s kernel (``cupy_nvrtc`` reads it)."""
+    spec = case.spec
+    ins = tuple(np.dtype(p.split()[-2]) for p in spec.in_params.split(", "))
+    if spec.kind == "elementwise":
+        return ("elementwise", spec.key, (ins, (case.want.dtype,)), (1,) * (len(ins) + 1))
+    return ("reduction", spec.key, ins, 2, (1,), "simple")
+
+
+def test_every_literal_compiles_with_nvrtc(host_run):
+    """The literals the host check ran are what NVRTC takes: each edge value of each dtype as a
+    constant, alone and under every unary op, built by CuPy's own kernel machinery and compiled
+    with NVRTC for sm_90 with CuPy's options (``cupy_nvrtc``). NVRTC rejected the ``(--2.5f)``
+    that ``neg``, ``abs`` or the logistic of a negative float32 constant made. (The binary ops'
+    literals sit between parentheses of their own; ``test_cupy_kernels.py`` compiles every
+    primitive's kernel on arrays.)"""
+    import cupy_nvrtc
+
+    reason = cupy_nvrtc.missing()
+    if reason:
+        pytest.skip(reason)
+    cases, _ = host_run
+    unary = [c for c in cases if c.label.startswith("const_") and
+             not c.label.rsplit("_", 2)[-2] in ("left", "right")]
+    launches = {_signature(c): c.spec for c in unary}
+    n, failures = cupy_nvrtc.compile_all(launches)
+    assert failures == [], "\n\n".join(f"{label}:\n{log[:2000]}" for label, log, _ in failures)
+    assert n == len(launches)
