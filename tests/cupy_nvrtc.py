@@ -156,8 +156,12 @@ def _program(chunks):
     includes, bodies = [], []
     for k, (_, source, options) in enumerate(chunks):
         lines = source.splitlines()
-        includes += [ln for ln in lines if ln.startswith("#include") and ln not in includes]
-        body = "\n".join(ln for ln in lines if not ln.startswith("#include"))
+        # every #include at the top, an indented one too (CuPy's ElementwiseKernel source has
+        # one inside its preamble block): a header included inside one kernel's namespace
+        # would declare its types there, and its guard would keep them from the next kernels
+        include = [ln for ln in lines if ln.lstrip().startswith("#include")]
+        includes += [ln.strip() for ln in include if ln.strip() not in includes]
+        body = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#include"))
         body = re.sub(r"(__global__\s+void\s+)(\w+)", rf"\g<1>\g<2>__k{k}", body)
         macros = [m.group(1) for o in options if (m := _PASS.match(o))]
         defined = re.findall(r"^\s*#define\s+(\w+)", body, flags=re.M) + macros

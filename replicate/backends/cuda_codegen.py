@@ -91,11 +91,16 @@ def dtype_name(dtype) -> str:
 
 
 def literal(value, dtype) -> str:
+    """``value`` as a C expression of ``dtype`` that any template can take as an operand: one
+    primary expression (parenthesised), so ``-{a}`` of a negative constant is ``-(-2.5f)``, never
+    the decrement ``--2.5f`` that NVRTC rejects."""
     dtype = np.dtype(dtype)
     v = np.asarray(value).reshape(()).item()
     if dtype.kind == "b":
         return "true" if v else "false"
     if dtype.kind in "iu":
+        if dtype.kind == "i" and int(v) == np.iinfo(dtype).min:
+            return _int_limit(dtype, "min")  # its literal alone does not fit the type
         return f"(({ctype(dtype)}){int(v)})"
     if dtype == F16:
         return f"((float16){literal(np.float16(v), F32)})"
@@ -105,7 +110,9 @@ def literal(value, dtype) -> str:
     if math.isinf(v):
         return f"CUDART_INF{suffix}" if v > 0 else f"(-CUDART_INF{suffix})"
     text = repr(float(v))
-    return text + "f" if dtype == F32 else f"(({ctype(dtype)}){text})"
+    if dtype != F32:
+        return f"(({ctype(dtype)}){text})"
+    return f"({text}f)" if text.startswith("-") else text + "f"
 
 
 @dataclass(frozen=True)
@@ -162,12 +169,22 @@ def _statements(nodes, names):
         out = np.dtype(node.out.dtype)
         t = ctype(out)
         args = [_operand(names[x.id], x.dtype) for x in node.inputs]
-        expr = CUDA[node.prim](*args, t="float" if out == F16 else t, **node.attrs)
+        expr = CUDA[node.prim](*args, t="float" if out == F16 else t, **node.attrs,
+                               **_broadcast_exponent(node))
         if out == F16:
             expr = f"((float16)({expr}))"
         names[node.out.id] = f"v{k}"
         lines.append(f"const {t} v{k} = {expr};")
     return lines
+
+
+def _broadcast_exponent(node) -> dict:
+    """``scalar_exponent=True`` for a power whose exponent is one value that NumPy broadcasts
+    (0-d, or of size 1 against a bigger result): NumPy's loop then takes 0.5 as ``sqrt``."""
+    if node.prim != "pow":
+        return {}
+    b = node.inputs[1]
+    return {"scalar_exponent": b.size == 1 and (b.ndim == 0 or node.out.size > 1)}
 
 
 def split_reduction(nodes, reduction):

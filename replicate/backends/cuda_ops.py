@@ -64,10 +64,19 @@ def _mod(a, b, t):
     return f"_fmod({a}, {b})" if t in ("float", "double") else f"_imod({a}, {b})"
 
 
-def _pow(a, b, t):
+def _pow(a, b, t, scalar_exponent=False, **_):
     """Floats through CUDA's ``pow``; integers by squaring (CUDA has no integer ``pow``), a
-    negative exponent setting the kernel's error flag (NumPy raises)."""
-    return f"(({t})pow({a}, {b}))" if t in ("float", "double") else f"_ipow<{t}>({a}, {b}, {ERR})"
+    negative exponent setting the kernel's error flag (NumPy raises).
+
+    NumPy's float power loop takes a broadcast exponent of 0.5 as ``sqrt``: ``np.power(x,
+    0.5)`` is nan at -inf and -0.0 at -0.0, where C's ``pow`` (and NumPy's own loop over an
+    exponent array) gives inf and +0. A power by one broadcast value (``scalar_exponent``,
+    ``x ** 0.5`` with a constant) does the same here."""
+    if t not in ("float", "double"):
+        return f"_ipow<{t}>({a}, {b}, {ERR})"
+    if scalar_exponent:
+        return f"(({t})({b} == ({t})0.5 ? sqrt({a}) : pow({a}, {b})))"
+    return f"(({t})pow({a}, {b}))"
 
 
 def needs_flag(node) -> bool:
@@ -87,7 +96,7 @@ CUDA = RuleTable("cuda", {name: _template(p.cuda) for name, p in REGISTRY.items(
 CUDA.update({  # expressions that depend on the type
     "div": lambda a, b, t, **_: _div(a, b, t),
     "maximum": lambda a, b, t, **_: max_expr(a, b), "minimum": lambda a, b, t, **_: min_expr(a, b),
-    "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": lambda a, b, t, **_: _pow(a, b, t),
+    "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": _pow,
 })
 
 __all__ = ["CUDA", "ERR", "ERR_PARAM", "POW_MESSAGE", "PREAMBLE", "max_expr", "min_expr",

@@ -138,9 +138,12 @@ def get(name: str) -> Primitive:
 # ``backends/cuda_codegen.py`` (``CUDA_RULES``).
 _C_UNARY = {"exp": "exp({a})", "log": "log({a})", "log1p": "log1p({a})", "expm1": "expm1({a})",
             "sqrt": "sqrt({a})", "rsqrt": "rsqrt({a})", "tanh": "tanh({a})", "sin": "sin({a})",
-            "cos": "cos({a})", "logistic": "(({t})1 / (({t})1 + exp(-{a})))"}
+            "cos": "cos({a})",
+            # exp(min(x, 0)) / (1 + exp(-|x|)), as the reference: 1 / (1 + exp(-x)) overflows to
+            # 0 below -709.8 (float64) where the value is a denormal, not 0
+            "logistic": "(exp({a} < 0 ? {a} : ({t})0) / (({t})1 + exp({a} < 0 ? {a} : -{a})))"}
 declare("neg", ELEMENTWISE, _unary_signed, cuda="(-{a})")
-declare("abs", ELEMENTWISE, _unary, cuda="({a} < 0 ? -{a} : {a})")
+declare("abs", ELEMENTWISE, _unary, cuda="({a} <= 0 ? ({t})0 - {a} : {a})")  # abs(-0.0) is +0
 for _name, _c in _C_UNARY.items():
     declare(_name, ELEMENTWISE, _unary_float, cuda=_c)
 for _name, _c in (("add", "({a} + {b})"), ("mul", "({a} * {b})"), ("div", None),
@@ -154,7 +157,7 @@ for _name, _op in (("logical_and", "&&"), ("logical_or", "||")):
     declare(_name, ELEMENTWISE, _logical, differentiable=False, cuda=f"({{a}} {_op} {{b}})")
 declare("logical_not", ELEMENTWISE, _unary, differentiable=False, cuda="(!{a})")
 declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative: 0 almost anywhere
-        cuda="(({t})(({a} > 0) - ({a} < 0)))")
+        cuda="({a} != {a} ? {a} : ({t})(({a} > 0) - ({a} < 0)))")  # sign(NaN) is NaN
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")
 declare("cast", ELEMENTWISE, _cast, cuda="(({t}){a})")
 # floats only (the wrappers return integers as they are); derivative 0 almost everywhere
