@@ -157,6 +157,17 @@ def kernel_args(spec: KernelSpec) -> tuple[str, tuple, dict]:
             {"reduce_type": spec.reduce_type, "preamble": spec.preamble})
 
 
+def cast_operand(expr: str, src, dst) -> str:
+    """The operand of a cast from ``src`` to ``dst``: a float cast to an integer narrower than
+    64 bits goes through ``long long``, so a value beyond the target's range wraps, as NumPy's
+    cast does on x86-64 (-46.0 to uint8 is 210); CUDA's direct conversion saturates (0), seen
+    on an H200. (NaN, infinities and values beyond 64 bits stay undefined, as in NumPy.)"""
+    src, dst = np.dtype(src), np.dtype(dst)
+    if src.kind == "f" and dst.kind in "iu" and dst.itemsize < 8:
+        return f"((long long){expr})"
+    return expr
+
+
 def _operand(name: str, dtype) -> str:
     return f"((float){name})" if np.dtype(dtype) == F16 else name
 
@@ -169,6 +180,8 @@ def _statements(nodes, names):
         out = np.dtype(node.out.dtype)
         t = ctype(out)
         args = [_operand(names[x.id], x.dtype) for x in node.inputs]
+        if node.prim == "cast":
+            args = [cast_operand(args[0], node.inputs[0].dtype, out)]
         expr = CUDA[node.prim](*args, t="float" if out == F16 else t, **node.attrs,
                                **_broadcast_exponent(node))
         if out == F16:
