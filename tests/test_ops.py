@@ -399,22 +399,25 @@ for name, (op, ref, domain) in REDUCTIONS.items():
     for shape, axes in REDUCTION_AXES.items():
         for axis in axes:
             for keepdims in (False, True):
-                # the variance over size-1 axes is 0, where std's gradient is infinite
-                zero_var = name == "std" and (shape == () or (shape == (3, 1, 2) and axis == 1))
+                # over size-1 axes the variance is 0: std's gradient there is 0 (its choice)
                 kw = dict(axis=axis, keepdims=keepdims)
                 case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape, F64, domain),
-                     label=f"axis={axis},keepdims={keepdims}", grad=not zero_var)
+                     label=f"axis={axis},keepdims={keepdims}")
     for dtype in (F32, I32, I64, BOOL):
         if dtype == BOOL and name in ("var", "std", "logsumexp", "prod"):
             continue
         if name == "logsumexp" and dtype != F32:
             continue  # NumPy has no logsumexp; the reference promotes ints differently
         case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
-for ddof in (1, 2):
+for ddof in (1, 2, 4, 5, 6):  # 5 and 6: ddof >= the count, inf (NaN for 5 values of 1.0)
     case("var", lambda x, d=ddof: rnp.var(x, axis=0, ddof=d),
-         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}")
+         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}",
+         grad=ddof < 4)
     case("std", lambda x, d=ddof: rnp.std(x, ddof=d), lambda x, d=ddof: np.std(x, ddof=d),
-         In((5,)), label=f"ddof={ddof}")
+         In((5,)), label=f"ddof={ddof}", grad=ddof < 5)
+    case("var+std", lambda x, d=ddof: (rnp.var(x, ddof=d), rnp.std(x, axis=0, ddof=d)),
+         lambda x, d=ddof: (np.var(x, ddof=d), np.std(x, axis=0, ddof=d)),
+         In((5, 2), F64, "class1"), label=f"zero spread,ddof={ddof}", grad=ddof < 5)
 case("sum", lambda x: rnp.sum(x, axis=0, dtype=np.float32),
      lambda x: np.sum(x, axis=0, dtype=np.float32), In((3, 2), I32), label="dtype")
 case("sum+mean+max+min+prod+var+std+argmax+argmin",
