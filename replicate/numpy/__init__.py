@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as _np
 
+from ..errors import DTypeError as _DTypeError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
@@ -71,6 +72,19 @@ def _install_operators(cls):
     def swap(fn):
         return lambda self, other: fn(other, self)
 
+    def logical_only(fn, symbol):
+        """``&``/``|``: NumPy's bitwise and/or, which for bools is the logical op; on integers
+        they are refused (bitwise ops are not implemented), never silently logical."""
+        def op(self, other):
+            a, b = as_array(self), as_array(other)
+            if a.dtype != _np.bool_ or b.dtype != _np.bool_:
+                raise _DTypeError(f"{symbol} of {a.dtype} and {b.dtype}: {symbol} is only the "
+                                  "logical op of bools here (bitwise ops of integers are not "
+                                  "implemented; rnp.logical_and/logical_or read numbers as "
+                                  "truth values)")
+            return fn(a, b)
+        return op
+
     ops = {
         "__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
         "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide, "__mod__": mod,
@@ -79,7 +93,8 @@ def _install_operators(cls):
         "__rmod__": swap(mod), "__rfloordiv__": swap(floor_divide),
         "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
         "__eq__": equal, "__ne__": not_equal,
-        "__and__": logical_and, "__or__": logical_or, "__invert__": logical_not,
+        "__and__": logical_only(logical_and, "&"), "__or__": logical_only(logical_or, "|"),
+        "__invert__": invert,
         "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
         "__getitem__": getitem,
         "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod, "var": var, "std": std,
