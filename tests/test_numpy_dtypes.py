@@ -8,7 +8,7 @@
   numpy, jax and cupy (the stand-in without a GPU) backends, and constant-folded. Where the
   project deliberately differs, ``DIFFERS`` says so and why.
 * The single fixes: ``~`` (bitwise not of integers, not ``logical_not``), ``&``/``|`` on
-  integers refused.
+  integers refused, ``full``'s dtype from its fill value, a 0-d boolean index.
 """
 
 from __future__ import annotations
@@ -255,3 +255,27 @@ def test_and_or_of_integers_are_refused_not_logical():
             op()
     assert rnp.logical_and(a, rnp.asarray([0, 3])).tolist() == [False, True]
 
+
+@pytest.mark.parametrize("fill, dtype", [(True, "bool"), (16777217, "int64"), (0.5, "float32"),
+                                         (np.float64(0.1), "float64"), (np.int8(3), "int8")])
+def test_full_takes_its_dtype_from_the_fill_value(fill, dtype):
+    """``full`` was float32 whatever the fill: 16777217 became 16777216.0, True 1.0."""
+    x = rnp.full((2,), fill)
+    assert x.dtype == dtype and x.tolist() == np.full((2,), fill, dtype).tolist()
+    assert rnp.full((2,), 3, "float64").dtype == np.float64
+    assert rnp.zeros(2).dtype == rnp.ones(2).dtype == rnp.eye(2).dtype == np.float32
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_0d_boolean_index_adds_an_axis_of_length_1_or_0(mode):
+    """``Array(False)[Array(False)]`` crashed with NumPy's "Calling nonzero on 0d arrays"."""
+    x = np.arange(6).reshape(2, 3)
+    keys = [(np.True_,), (np.False_,), (Ellipsis, np.False_), (slice(None), np.True_),
+            (None, np.False_, slice(1, None)), (True,)]
+    for key in keys:
+        got = rp.function(lambda v, k=key: v[tuple(
+            rnp.asarray(i) if isinstance(i, np.bool_) else i for i in k)], mode=mode)(x)
+        assert np.asarray(got).shape == x[key].shape and np.array_equal(got, x[key]), key
+    assert rnp.asarray(False)[rnp.asarray(False)].shape == (0,)
+    with pytest.raises(rp.ReplicateError, match="0-d boolean index beside"):
+        rnp.asarray(x)[0, rnp.asarray(True)]
