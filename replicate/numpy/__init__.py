@@ -4,6 +4,25 @@
 >>> x = rnp.asarray([[1.0, 2.0], [3.0, 4.0]])
 >>> (x @ x.T).tolist()
 [[5.0, 11.0], [11.0, 25.0]]
+
+Dtypes are NumPy's (NumPy 2 promotion, Python scalars weak), result for result; the differences
+are deliberate and few (``tests/test_numpy_dtypes.py`` checks every elementwise function on
+every dtype against NumPy, and lists these):
+
+* the default float is float32: ``zeros``, ``ones`` and ``eye`` without a dtype, and ``full``
+  of a Python float (``full`` otherwise takes its fill value's dtype: bool, int64 for an int —
+  PyTorch's rule); ``asarray`` of Python floats is float64, as NumPy's;
+* float functions (``exp``, ``sqrt``, ``sin``, ...) of bools and integers are NumPy's: float16
+  for bools and 8-bit integers, float64 for 32- and 64-bit ones; ``mean``/``var``/``std`` of
+  them are float64;
+* ``round``, ``floor`` and ``ceil`` return integers and bools as they are (NumPy's ``round``
+  makes bools float16); an integer divided by 0 is 0 (``reciprocal`` too, where NumPy's value
+  depends on the platform); float ``floor_divide`` is refused;
+* ``~`` is bitwise not of integers and logical not of bools; ``&`` and ``|`` are the logical
+  ops of bools and refused on integers (no bitwise ops yet).
+
+>>> [rnp.full((), v).dtype.name for v in (True, 3, 0.5)], rnp.exp(rnp.asarray(True)).dtype
+(['bool', 'int64', 'float32'], dtype('float16'))
 """
 
 from __future__ import annotations
