@@ -222,7 +222,7 @@ UNARY = {  # name: (rnp op, NumPy reference, domain)
     "softplus": (rnp.softplus, lambda x: np.logaddexp(0.0, x), "real"),
     "sin": (rnp.sin, np.sin, "real"),
     "cos": (rnp.cos, np.cos, "real"),
-    "reciprocal": (rnp.reciprocal, lambda x: 1.0 / x, "away0"),
+    "reciprocal": (rnp.reciprocal, np.reciprocal, "away0"),
     # these keep integer dtypes
     "abs": (rnp.abs, np.abs, "away0"),
     "sign": (rnp.sign, np.sign, "away0"),
@@ -236,8 +236,6 @@ for name, (op, ref, domain) in UNARY.items():
     for shape in UNARY_SHAPES:
         case(name, op, ref, In(shape, F64, domain))
     for dtype in (F32, I32, I64):
-        if dtype.startswith("int") and name == "reciprocal":
-            continue  # NumPy's reciprocal of an int is integer division; rnp's is float (by design)
         case(name, op, ref, In((2, 3), dtype, domain))
 case("abs+sign", lambda x: rnp.abs(x) + rnp.sign(x), lambda x: np.abs(x) + np.sign(x),
      In((5,), F64, "int"), grad=False, label="zeros")
@@ -315,6 +313,16 @@ for name, op, ref in [("logical_and", rnp.logical_and, np.logical_and),
     case(name, op, ref, In((2, 3), BOOL), In((3,), BOOL))
     case(name, op, ref, In((), BOOL), In((2,), BOOL))
 case("logical_not", rnp.logical_not, np.logical_not, In((2, 3), BOOL))
+for dtype in (F64, I32):  # numbers are truth values: the result is bool
+    case("logical_not", rnp.logical_not, np.logical_not, In((2, 3), dtype, "int"))
+    case("logical_and+logical_or", lambda a, b: (rnp.logical_and(a, b), rnp.logical_or(a, b)),
+         lambda a, b: (np.logical_and(a, b), np.logical_or(a, b)), In((2, 3), dtype, "int"),
+         In((3,), BOOL), label="numbers")
+for dtype in (I32, I64, BOOL):  # ~ is NumPy's: bitwise not of integers, logical not of bools
+    case("invert+bitwise_not", lambda x: (rnp.invert(x), rnp.bitwise_not(x), ~x),
+         lambda x: (np.invert(x), np.invert(x), ~x), In((7,), dtype, "edges"))
+case("invert", lambda x: ~rnp.cast(x, "uint8"), lambda x: ~x.astype(np.uint8),
+     In((5,), I32, "class256"), label="uint8")
 case("logical_and+logical_or+logical_not", lambda a, b: (a & b) | ~a,
      lambda a, b: (a & b) | ~a, In((4,), BOOL), In((4,), BOOL), label="operators")
 
@@ -399,22 +407,25 @@ for name, (op, ref, domain) in REDUCTIONS.items():
     for shape, axes in REDUCTION_AXES.items():
         for axis in axes:
             for keepdims in (False, True):
-                # the variance over size-1 axes is 0, where std's gradient is infinite
-                zero_var = name == "std" and (shape == () or (shape == (3, 1, 2) and axis == 1))
+                # over size-1 axes the variance is 0: std's gradient there is 0 (its choice)
                 kw = dict(axis=axis, keepdims=keepdims)
                 case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape, F64, domain),
-                     label=f"axis={axis},keepdims={keepdims}", grad=not zero_var)
+                     label=f"axis={axis},keepdims={keepdims}")
     for dtype in (F32, I32, I64, BOOL):
         if dtype == BOOL and name in ("var", "std", "logsumexp", "prod"):
             continue
         if name == "logsumexp" and dtype != F32:
             continue  # NumPy has no logsumexp; the reference promotes ints differently
         case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
-for ddof in (1, 2):
+for ddof in (1, 2, 4, 5, 6):  # 5 and 6: ddof >= the count, inf (NaN for 5 values of 1.0)
     case("var", lambda x, d=ddof: rnp.var(x, axis=0, ddof=d),
-         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}")
+         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}",
+         grad=ddof < 4)
     case("std", lambda x, d=ddof: rnp.std(x, ddof=d), lambda x, d=ddof: np.std(x, ddof=d),
-         In((5,)), label=f"ddof={ddof}")
+         In((5,)), label=f"ddof={ddof}", grad=ddof < 5)
+    case("var+std", lambda x, d=ddof: (rnp.var(x, ddof=d), rnp.std(x, axis=0, ddof=d)),
+         lambda x, d=ddof: (np.var(x, ddof=d), np.std(x, axis=0, ddof=d)),
+         In((5, 2), F64, "class1"), label=f"zero spread,ddof={ddof}", grad=ddof < 5)
 case("sum", lambda x: rnp.sum(x, axis=0, dtype=np.float32),
      lambda x: np.sum(x, axis=0, dtype=np.float32), In((3, 2), I32), label="dtype")
 case("sum+mean+max+min+prod+var+std+argmax+argmin",
@@ -1068,6 +1079,7 @@ def test_every_public_op_is_covered():
 def test_every_differentiable_op_has_a_gradient_case():
     not_differentiable = {"argmax", "argmin", "equal", "not_equal", "less", "less_equal",
                           "greater", "greater_equal", "logical_and", "logical_or", "logical_not",
+                          "invert", "bitwise_not",
                           "isfinite", "floor_divide", "one_hot", "stop_gradient", "arange", "eye",
                           "zeros", "ones", "full", "asarray", "array", "as_array", "astype",
                           "argsort"}

@@ -38,6 +38,7 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _einsum,
     _getitem,
     _logical,
+    _logical_not,
     _matmul,
     _mod,
     _pad,
@@ -53,6 +54,7 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _transpose,
     _unary,
     _unary_float,
+    _unary_integer,
     _unary_signed,
     index_tuple,
     parse_einsum,
@@ -155,7 +157,9 @@ for _name, _op in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt",
     declare(_name, ELEMENTWISE, _compare, differentiable=False, cuda=f"({{a}} {_op} {{b}})")
 for _name, _op in (("logical_and", "&&"), ("logical_or", "||")):
     declare(_name, ELEMENTWISE, _logical, differentiable=False, cuda=f"({{a}} {_op} {{b}})")
-declare("logical_not", ELEMENTWISE, _unary, differentiable=False, cuda="(!{a})")
+declare("logical_not", ELEMENTWISE, _logical_not, differentiable=False, cuda="(!{a})")
+# bitwise not of an integer (C promotes a char to int: the cast takes it back)
+declare("invert", ELEMENTWISE, _unary_integer, differentiable=False, cuda="(({t})(~{a}))")
 declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative: 0 almost anywhere
         cuda="({a} != {a} ? {a} : ({t})(({a} > 0) - ({a} < 0)))")  # sign(NaN) is NaN
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")

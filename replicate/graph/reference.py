@@ -162,7 +162,7 @@ ROWS = {
     "eq": _same("equal"), "ne": _same("not_equal"), "lt": _same("less"),
     "le": _same("less_equal"), "gt": _same("greater"), "ge": _same("greater_equal"),
     "logical_and": _same("logical_and"), "logical_or": _same("logical_or"),
-    "logical_not": _same("logical_not"),
+    "logical_not": _same("logical_not"), "invert": _same("invert"),
     "select": _same("where"),
     "cast": lambda xp: lambda x, dtype: xp.asarray(x).astype(dtype),
     "stop_gradient": lambda xp: lambda x: x,

@@ -39,6 +39,19 @@ def _binary_signed(a, b, **_):
     return _binary(a, b)
 
 
+def _unary_integer(a, **_):
+    """invert (bitwise not): integers only (``rnp.invert`` takes bools to ``logical_not``)."""
+    if a.dtype.kind not in "iu":
+        raise DTypeError(f"invert needs an integer operand, got {a.dtype}")
+    return a
+
+
+def _logical_not(a, **_):
+    if a.dtype != bool:
+        raise DTypeError("logical ops need bool operands")
+    return a
+
+
 def _unary_float(a, **_):
     if not is_float(a.dtype):
         raise DTypeError(f"needs a floating-point operand, got {a.dtype}")

@@ -4,12 +4,32 @@
 >>> x = rnp.asarray([[1.0, 2.0], [3.0, 4.0]])
 >>> (x @ x.T).tolist()
 [[5.0, 11.0], [11.0, 25.0]]
+
+Dtypes are NumPy's (NumPy 2 promotion, Python scalars weak), result for result; the differences
+are deliberate and few (``tests/test_numpy_dtypes.py`` checks every elementwise function on
+every dtype against NumPy, and lists these):
+
+* the default float is float32: ``zeros``, ``ones`` and ``eye`` without a dtype, and ``full``
+  of a Python float (``full`` otherwise takes its fill value's dtype: bool, int64 for an int —
+  PyTorch's rule); ``asarray`` of Python floats is float64, as NumPy's;
+* float functions (``exp``, ``sqrt``, ``sin``, ...) of bools and integers are NumPy's: float16
+  for bools and 8-bit integers, float64 for 32- and 64-bit ones; ``mean``/``var``/``std`` of
+  them are float64;
+* ``round``, ``floor`` and ``ceil`` return integers and bools as they are (NumPy's ``round``
+  makes bools float16); an integer divided by 0 is 0 (``reciprocal`` too, where NumPy's value
+  depends on the platform); float ``floor_divide`` is refused;
+* ``~`` is bitwise not of integers and logical not of bools; ``&`` and ``|`` are the logical
+  ops of bools and refused on integers (no bitwise ops yet).
+
+>>> [rnp.full((), v).dtype.name for v in (True, 3, 0.5)], rnp.exp(rnp.asarray(True)).dtype
+(['bool', 'int64', 'float32'], dtype('float16'))
 """
 
 from __future__ import annotations
 
 import numpy as _np
 
+from ..errors import DTypeError as _DTypeError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
@@ -71,6 +91,19 @@ def _install_operators(cls):
     def swap(fn):
         return lambda self, other: fn(other, self)
 
+    def logical_only(fn, symbol):
+        """``&``/``|``: NumPy's bitwise and/or, which for bools is the logical op; on integers
+        they are refused (bitwise ops are not implemented), never silently logical."""
+        def op(self, other):
+            a, b = as_array(self), as_array(other)
+            if a.dtype != _np.bool_ or b.dtype != _np.bool_:
+                raise _DTypeError(f"{symbol} of {a.dtype} and {b.dtype}: {symbol} is only the "
+                                  "logical op of bools here (bitwise ops of integers are not "
+                                  "implemented; rnp.logical_and/logical_or read numbers as "
+                                  "truth values)")
+            return fn(a, b)
+        return op
+
     ops = {
         "__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
         "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide, "__mod__": mod,
@@ -79,7 +112,8 @@ def _install_operators(cls):
         "__rmod__": swap(mod), "__rfloordiv__": swap(floor_divide),
         "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
         "__eq__": equal, "__ne__": not_equal,
-        "__and__": logical_and, "__or__": logical_or, "__invert__": logical_not,
+        "__and__": logical_only(logical_and, "&"), "__or__": logical_only(logical_or, "|"),
+        "__invert__": invert,
         "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
         "__getitem__": getitem,
         "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod, "var": var, "std": std,

@@ -110,8 +110,17 @@ def wide_operand(x) -> Array:
 
 
 def float_operand(x) -> Array:
+    """``x``, a bool or integer array in float64 (what NumPy's ``mean``/``var`` compute in)."""
     x = as_array(x)
     return x if is_float(x.dtype) else cast(x, np.float64)
+
+
+def ufunc_float_operand(x) -> Array:
+    """``x`` in the float type NumPy's float ufuncs (``exp``, ``sqrt``, ...) pick for it: the
+    smallest that holds its values — float16 for bools and 8-bit integers, float32 for 16-bit
+    ones, float64 for wider integers; a float array as it is."""
+    x = as_array(x)
+    return x if is_float(x.dtype) else cast(x, np.result_type(x.dtype, np.float16))
 
 
 def static_axis(a) -> int:

@@ -7,12 +7,15 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import DTypeError, NegativePowerError
 from ..graph.core import bind
-from ._base import as_array, cast, float_operand, promote
+from ._base import as_array, cast, promote, ufunc_float_operand
 
 
 def _unary(prim, floating):
+    """The wrapper of unary primitive ``prim``; ``floating``: a bool or integer operand is cast
+    to the float type NumPy's float ufuncs give it (float16 for bools and 8-bit integers,
+    float64 for 32- and 64-bit integers)."""
     def op(x):
-        x = float_operand(x) if floating else as_array(x)
+        x = ufunc_float_operand(x) if floating else as_array(x)
         return bind(prim, x)
 
     op.__name__ = prim
@@ -49,7 +52,53 @@ fdlibm's algorithm, ``replicate/graph/special.py``; JAX ``lax.erf``; CUDA ``erf`
 >>> rnp.erf(rnp.asarray([0.0, 1.0, -3.0])).tolist()
 [0.0, 0.8427007929497149, -0.9999779095030014]
 """
-logical_not = _unary("logical_not", False)
+
+
+def logical_not(x):
+    """The truth value of ``not x``, elementwise: bool whatever ``x``'s dtype (a number is true
+    when it is not 0, NaN included), as NumPy's.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.logical_not(rnp.asarray([0.0, 2.5, -0.0])).tolist()
+    [True, False, True]
+    """
+    x = as_array(x)
+    return bind("logical_not", x) if x.dtype == np.bool_ else equal(x, 0)
+
+
+def invert(x):
+    """``~x``, as NumPy's: bitwise not of integers (``~6 == -7``), logical not of bools; floats
+    are refused (NumPy's TypeError). No gradient (the values are integers or bools).
+
+    >>> import replicate.numpy as rnp
+    >>> (~rnp.asarray([0, 6])).tolist(), (~rnp.asarray([True, False])).tolist()
+    ([-1, -7], [False, True])
+    """
+    x = as_array(x)
+    if x.dtype == np.bool_:
+        return bind("logical_not", x)
+    if x.dtype.kind not in "iu":
+        raise DTypeError(f"invert (~) needs integers or bools, got {x.dtype}")
+    return bind("invert", x)
+
+
+bitwise_not = invert
+
+
+def _truth(x):
+    """``x`` as bools: a number is true where it is not 0 (NumPy's logical ops)."""
+    x = as_array(x)
+    return x if x.dtype == np.bool_ else not_equal(x, 0)
+
+
+def _logical(prim):
+    def op(a, b):
+        """NumPy's logical op: bool, operands of any dtype read as truth values."""
+        return bind(prim, _truth(a), _truth(b))
+
+    op.__name__ = prim
+    return op
+
 
 add = _binary("add")
 subtract = _binary("sub")
@@ -62,8 +111,8 @@ less = _binary("lt")
 less_equal = _binary("le")
 greater = _binary("gt")
 greater_equal = _binary("ge")
-logical_and = _binary("logical_and")
-logical_or = _binary("logical_or")
+logical_and = _logical("logical_and")
+logical_or = _logical("logical_or")
 true_divide = divide = _binary("div", floating=True)
 
 
@@ -74,15 +123,25 @@ def power(a, b):
     >>> rnp.power(rnp.asarray([1.0, 2.0, 3.0]), 2).tolist()
     [1.0, 4.0, 9.0]
     """
-    a, b = promote(a, b)
+    a, b = _int8_if_bool(*promote(a, b))
     if np.issubdtype(b.dtype, np.integer) and not b.symbolic and b.size and b.value.min() < 0:
         raise NegativePowerError("integers to negative integer powers are not allowed (as in "
                                  "NumPy); raise floats instead")
     return bind("pow", a, b)
 
 
+def _int8_if_bool(a, b):
+    """Two bool operands as int8: NumPy's arithmetic ufuncs (``power``, ``floor_divide``,
+    ``remainder``) have no bool loop and compute two bools in int8."""
+    if a.dtype == np.bool_:
+        return cast(a, np.int8), cast(b, np.int8)
+    return a, b
+
+
 def floor_divide(a, b):
-    a, b = promote(a, b)
+    """``a // b``, floored, for integers (a bool pair in int8, as NumPy); an integer divided by
+    0 is 0 (NumPy's value)."""
+    a, b = _int8_if_bool(*promote(a, b))
     if is_float(a.dtype):
         raise DTypeError("floor_divide of floats is not a primitive; use rnp.floor(a / b) (or "
                          "(a - rnp.mod(a, b)) / b, NumPy's own formula)")
@@ -91,7 +150,8 @@ def floor_divide(a, b):
 
 def mod(a, b):
     """The remainder of ``a / b`` with the divisor's sign, as NumPy's ``mod`` and ``%`` (and
-    Python's): ``a - b * floor(a / b)``; floats and integers (an integer mod 0 is 0). A primitive.
+    Python's): ``a - b * floor(a / b)``; floats and integers (an integer mod 0 is 0; two bools
+    in int8, as NumPy). A primitive.
 
     Gradient (floats): 1 for ``a``, ``-floor(a / b)`` for ``b`` (the quotient the result was
     taken with); at the jumps, where ``a / b`` is an integer, it is the right-hand one.
@@ -102,7 +162,7 @@ def mod(a, b):
     >>> (rnp.asarray([-0.5, 2.5]) % 2.0).tolist()
     [1.5, 0.5]
     """
-    a, b = promote(a, b)
+    a, b = _int8_if_bool(*promote(a, b))
     return bind("mod", a, b)
 
 
@@ -154,11 +214,28 @@ def round(x, decimals=0):  # noqa: A001 - mirrors numpy's name
 
 
 def square(x):
+    """``x * x``, in x's dtype (a bool array in int8, as NumPy's ``square``)."""
+    x = as_array(x)
+    if x.dtype == np.bool_:
+        x = cast(x, np.int8)
     return multiply(x, x)
 
 
 def reciprocal(x):
-    return divide(1.0, float_operand(x))
+    """``1 / x`` in x's dtype, as NumPy's ``reciprocal``: for integers the quotient truncated
+    (1 for 1, -1 for -1, else 0 — and 0 for 0, the project's integer division by 0, where
+    NumPy's value depends on the platform), a bool array in int8.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.reciprocal(rnp.asarray([-2, -1, 0, 1, 2])).tolist()
+    [0, -1, 0, 1, 0]
+    """
+    x = as_array(x)
+    if is_float(x.dtype):
+        return divide(1.0, x)
+    if x.dtype == np.bool_:
+        x = cast(x, np.int8)
+    return where(equal(abs(x), 1), x, 0)
 
 
 def where(cond, a, b):
@@ -189,13 +266,17 @@ def clip(x, lo=None, hi=None):
 
 
 def softplus(x):
-    """``log(1 + exp(x))``, computed stably."""
-    x = float_operand(x)
+    """``log(1 + exp(x))``, computed stably (bools and integers in NumPy's float for them, as
+    ``exp``)."""
+    x = ufunc_float_operand(x)
     return add(maximum(x, 0.0), log1p(exp(negative(abs(x)))))
 
 
 def isfinite(x):
-    x = float_operand(x)
+    """Whether x is neither infinite nor NaN, elementwise (bool; every integer is finite)."""
+    x = as_array(x)
+    if not is_float(x.dtype):
+        return equal(x, x)  # all true
     return less(abs(x), np.inf)
 
 

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
 
 from ..graph.core import bind
 from ._base import as_array, cast, float_operand, norm_axes, static_axis, wide_operand
-from ._elementwise import divide, exp, isfinite, log, multiply, sqrt, stop_gradient, subtract, where
+from ._elementwise import (
+    divide,
+    exp,
+    greater,
+    isfinite,
+    log,
+    multiply,
+    sqrt,
+    stop_gradient,
+    subtract,
+    where,
+)
 from ._shape import reshape, squeeze
 
 
@@ -112,14 +124,35 @@ def mean(x, axis=None, keepdims=False):
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
-    """Variance over ``axis`` (``ddof`` as in NumPy)."""
+    """Variance over ``axis``: the sum of squared deviations over ``max(n - ddof, 0)``, as
+    NumPy (``ddof`` >= the count gives inf, or NaN where every deviation is 0).
+
+    >>> import replicate.numpy as rnp
+    >>> float(rnp.var(rnp.asarray([1.0, 3.0]))), float(rnp.var(rnp.asarray([1.0, 3.0]), ddof=3))
+    (1.0, inf)
+    """
     x = wide_operand(float_operand(x))
     centred = subtract(x, mean(x, axis, keepdims=True))
-    return divide(sum(multiply(centred, centred), axis, keepdims), float(_count(x, axis) - ddof))
+    count = builtins.max(_count(x, axis) - ddof, 0)
+    return divide(sum(multiply(centred, centred), axis, keepdims), float(count))
 
 
 def std(x, axis=None, keepdims=False, ddof=0):
-    return sqrt(var(x, axis, keepdims, ddof))
+    """Standard deviation, ``sqrt(var(x, axis, keepdims, ddof))``.
+
+    Gradient: where the spread is zero (every value equal) it is 0 — the derivative along every
+    direction that keeps the spread zero, and the subgradient of the cone ``std`` is there — not
+    NaN (``d sqrt(v) / dv`` is infinite at 0, and JAX gives NaN).
+
+    >>> import replicate as rp, replicate.numpy as rnp
+    >>> x = rnp.asarray([2.0, 2.0])
+    >>> float(rnp.std(x)), rp.grad(rnp.std(x), x).tolist()
+    (0.0, [0.0, 0.0])
+    """
+    v = var(x, axis, keepdims, ddof)
+    spread = greater(v, 0.0)
+    # sqrt's gradient at the positive variances only; elsewhere the value, with no gradient
+    return where(spread, sqrt(where(spread, v, 1.0)), stop_gradient(sqrt(v)))
 
 
 def logsumexp(x, axis=None, keepdims=False):

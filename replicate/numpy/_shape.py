@@ -43,16 +43,40 @@ def from_dlpack(x) -> Array:
     return as_array(from_foreign(x))
 
 
-def zeros(shape, dtype=np.float32):
+# The default float: what ``zeros``, ``ones``, ``eye`` and ``full`` with a Python float make
+# when no dtype is given (float32, as JAX without x64 and PyTorch; NumPy's is float64).
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def zeros(shape, dtype=DEFAULT_FLOAT):
+    """An array of zeros; float32 unless ``dtype`` is given (NumPy's default is float64: see
+    the dtype notes of ``replicate.numpy``)."""
     return concrete(np.zeros(shape, dtype))
 
 
-def ones(shape, dtype=np.float32):
+def ones(shape, dtype=DEFAULT_FLOAT):
+    """An array of ones; float32 unless ``dtype`` is given (NumPy's default is float64)."""
     return concrete(np.ones(shape, dtype))
 
 
-def full(shape, fill_value, dtype=np.float32):
-    return concrete(np.full(shape, fill_value, dtype))
+def full(shape, fill_value, dtype=None):
+    """An array of ``fill_value``. Without ``dtype``, the fill value's: bool for a bool, int64
+    for a Python int, float32 (the default float, as ``zeros``) for a Python float, a NumPy
+    scalar's or an array's own dtype — PyTorch's rule; NumPy's differs only in making a Python
+    float float64. So an integer is never rounded to a float unasked.
+
+    >>> import replicate.numpy as rnp
+    >>> [rnp.full((2,), v).dtype.name for v in (True, 16777217, 0.5)]
+    ['bool', 'int64', 'float32']
+    >>> rnp.full((2,), 16777217).tolist()
+    [16777217, 16777217]
+    """
+    value = as_array(fill_value)  # refuses what is not a supported array or number
+    if dtype is None:
+        dtype = DEFAULT_FLOAT if type(fill_value) is float else value.dtype
+    # a Python number as it is: NumPy refuses one out of the dtype's range (300 in int8)
+    fill = fill_value if isinstance(fill_value, numbers.Number) else value.value
+    return concrete(np.full(shape, fill, dtype))
 
 
 def zeros_like(x, dtype=None):
@@ -69,7 +93,9 @@ def arange(*args, dtype=None):
     return concrete(np.arange(*args, dtype=dtype))
 
 
-def eye(n, dtype=np.float32):
+def eye(n, dtype=DEFAULT_FLOAT):
+    """The ``n`` by ``n`` identity; float32 unless ``dtype`` is given (NumPy's default is
+    float64)."""
     return concrete(np.eye(n, dtype=dtype))
 
 
@@ -229,11 +255,55 @@ def _is_index_array(item):
     return isinstance(item, (Array, np.ndarray, list)) or hasattr(item, "read")
 
 
+def _scalar_bool(item):
+    """``item`` as a Python bool if it is a bool scalar (a Python or NumPy bool, a 0-d bool
+    array known when traced), else None."""
+    if isinstance(item, (bool, np.bool_)):
+        return bool(item)
+    if _is_index_array(item):
+        arr = as_array(item)
+        if arr.dtype == np.bool_ and arr.ndim == 0 and not arr.symbolic:
+            return bool(arr.value)
+    return None
+
+
+def _scalar_bool_axes(x, key):
+    """NumPy's 0-d boolean index (one, among slices, None and Ellipsis): a new axis of length 1
+    (True) or 0 (False) where it stands. ``key`` with it as None, and the result axes to empty
+    (the new one, if False)."""
+    flags = [_scalar_bool(item) for item in key]
+    if all(f is None for f in flags):
+        return key, []
+    # with ints or index arrays NumPy broadcasts it with them (and may move the axis first)
+    if sum(f is not None for f in flags) > 1 or not all(
+            f is not None or item is None or item is Ellipsis or isinstance(item, slice)
+            for f, item in zip(flags, key)):
+        raise ReplicateError("a 0-d boolean index beside ints, index arrays or another one is "
+                             "not supported; index in two steps")
+    consumed = sum(isinstance(item, slice) for item in key)
+    empty, axis = [], 0
+    for f, item in zip(flags, key):
+        if f is False:
+            empty.append(axis)
+        axis += x.ndim - consumed if item is Ellipsis else 1
+    return tuple(None if f is not None else item for f, item in zip(flags, key)), empty
+
+
 def getitem(x, key):
-    """``x[key]``: ints, slices, None, Ellipsis and integer arrays (NumPy semantics)."""
+    """``x[key]``: ints, slices, None, Ellipsis, integer arrays and concrete boolean masks
+    (NumPy semantics; a 0-d boolean adds an axis of length 1 or 0, as in NumPy)."""
     x = as_array(x)
     if not isinstance(key, tuple):
         key = (key,)
+    key, empty = _scalar_bool_axes(x, key)
+    out = _getitem(x, key)
+    if empty:
+        out = _getitem(out, tuple(slice(0, 0) if a in empty else slice(None)
+                                  for a in range(max(empty) + 1)))
+    return out
+
+
+def _getitem(x, key):
     spec, arrays = [], []
     for item in key:
         if item is None:
