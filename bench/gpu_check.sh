@@ -6,8 +6,8 @@
 #   where pip works:   bash bench/gpu_prepare.sh   # wheels the GPU machine lacks -> .whl/
 #   GPU machine:       bash bench/gpu_check.sh     # log, junit XML, summary -> $OUT or gpu_check_out/
 #
-# 0. environment: a venv that sees the machine's packages (CuPy, JAX, PyTorch, pytest) plus the
-#    carried wheels (mpich: mpiexec beside the interpreter; mpi4py), when .whl/ holds any;
+# 0. environment (bench/gpu_env.sh): a venv that sees the machine's packages (CuPy, JAX,
+#    PyTorch, pytest) plus the carried wheels (mpich: mpiexec beside the interpreter; mpi4py);
 # 1. versions: driver, CUDA runtime, CuPy, NVRTC, NCCL, JAX and its devices, PyTorch, MPI;
 # 2. the parity suites (pytest -n 8): the cupy tests (every generated kernel, the model steps'
 #    kernels, scatter-add, device state, the bytes a step moves), the op harness and the float16
@@ -23,7 +23,8 @@
 #
 # Rehearsal without a GPU (tests/test_gpu_check.py): GPU_CHECK_REHEARSAL=1 runs every step on the
 # CuPy stand-in seen as a GPU (REPLICATE_CUPY_STANDIN=gpu-view), with GPU_CHECK_PYTHON as the
-# interpreter and GPU_CHECK_SELECT / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS narrowing the work.
+# interpreter and GPU_CHECK_SELECT / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS / GPU_CHECK_STEPS
+# narrowing the work.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -34,6 +35,7 @@ WORKERS=${GPU_CHECK_WORKERS:-8}
 SELECT=${GPU_CHECK_SELECT:-"cupy or jax or test_cupy_kernels or test_cupy_scatter or \
 test_device_state or test_cuda_codegen"}
 ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
+STEPS=${GPU_CHECK_STEPS:-"versions parity oracle nccl-one nccl-shared"}
 SUMMARY=$OUTDIR/summary.txt
 : >"$SUMMARY"
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
@@ -45,10 +47,6 @@ if [ "$REHEARSAL" = 1 ]; then
 else
   export REPLICATE_CUPY_STANDIN=0          # the real CuPy on the real GPU, never the stand-in
 fi
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # (as replicate.launch.gpu_environment sets them)
-export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_deterministic_ops=true"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 # step NAME SECONDS COMMAND...: run it under a hard timeout, record the outcome
 step() {
@@ -68,21 +66,10 @@ step() {
     failed=1
   fi
 }
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # -- 0. the interpreter: the machine's packages plus the carried wheels --------------------------
-PY=${GPU_CHECK_PYTHON:-python3}
-if [ "$REHEARSAL" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
-  VENV=${GPU_CHECK_VENV:-/tmp/replicate-gpu-venv}
-  # a venv made from another venv's python sees only the base install: point it at the
-  # machine's site-packages too (after its own, so the carried wheels win)
-  host_site=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
-  "$PY" -m venv --system-site-packages "$VENV" || exit 1
-  venv_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  printf '%s\n' "$host_site" >"$venv_site/zz_gpu_check_host.pth"
-  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
-  PY=$VENV/bin/python
-fi
-echo "interpreter: $PY"
+. bench/gpu_env.sh
 export PY REHEARSAL OUTDIR WORKERS SELECT
 
 # -- 1. versions --------------------------------------------------------------------------------
@@ -125,7 +112,7 @@ assert "cupy" in available(), "the cupy backend is not available"
 PYEOF
 }
 export -f versions
-step "versions" 90 versions
+wanted versions && step "versions" 90 versions
 
 # -- 2. the parity suites -----------------------------------------------------------------------
 parity() {
@@ -152,12 +139,13 @@ PYEOF
   return $rc
 }
 export -f parity
-step "parity suites (pytest -n $WORKERS)" 300 parity
+wanted parity && step "parity suites (pytest -n $WORKERS)" 300 parity
 
 # -- 3.-5. the oracle and NCCL ------------------------------------------------------------------
-step "oracle: k = ${ORACLE// /, } replicas (cupy, jax)" 120 "$PY" bench/gpu_oracle.py $ORACLE
-step "NCCL: a 1-rank communicator" 60 "$PY" bench/gpu_nccl_check.py one
-step "NCCL: 2 ranks on one GPU" 90 \
+wanted oracle && step "oracle: k = ${ORACLE// /, } replicas (cupy, jax)" 120 \
+  "$PY" bench/gpu_oracle.py $ORACLE
+wanted nccl-one && step "NCCL: a 1-rank communicator" 60 "$PY" bench/gpu_nccl_check.py one
+wanted nccl-shared && step "NCCL: 2 ranks on one GPU" 90 \
   "$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec" -n 2 \
   "$PY" bench/gpu_nccl_check.py shared
 

@@ -31,6 +31,7 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
 * an integer ``power`` is CuPy's (a negative exponent gives 0, 1 or -1, never NumPy's
   ValueError); in a generated kernel it is C's ``_ipow``, which sets the kernel's error flag;
   a float ``remainder`` is CuPy's ``a - floor(a / b) * b`` (NaN over an infinite divisor);
+* a generated kernel flushes float32 denormals to 0, as CuPy's ``-ftz=true`` does;
 * ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
   ``cupy_standin_cuda.py``.
 
@@ -347,13 +348,25 @@ def _evaluate(nodes, env, err=None):
     return env
 
 
+def flush_denormals(x):
+    """CuPy compiles every kernel with ``-ftz=true`` (``cupy/cuda/compiler.py``): a float32
+    denormal that a generated kernel reads or makes is 0 (its sign kept). Applied to a fused
+    group's inputs, constants and result; float16 is computed in float, whose denormals are far
+    below float16's, and float64 is not flushed."""
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        return x
+    tiny = np.finfo(np.float32).tiny
+    return np.where(np.abs(x) < tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
 def _inputs_env(spec, arrays):
     env = {}
     for i, x in enumerate(spec.body.graph.inputs):
         if i in spec.consts:
-            env[x.id] = np.asarray(spec.consts[i], x.dtype)
+            env[x.id] = flush_denormals(np.asarray(spec.consts[i], x.dtype))
         else:
-            env[x.id] = arrays[spec.params.index(i)]
+            env[x.id] = flush_denormals(arrays[spec.params.index(i)])
     return env
 
 
@@ -410,7 +423,7 @@ class ElementwiseKernel:
                                       for a, raw in zip(ins, self.raw) if not raw])
         g = self.spec.body.graph
         value = _evaluate(g.nodes, env, raws[0] if raws else None)[g.outputs[0].id]
-        out._a[...] = np.broadcast_to(np.asarray(value).astype(out.dtype), shape)
+        out._a[...] = np.broadcast_to(flush_denormals(np.asarray(value).astype(out.dtype)), shape)
         return out
 
 
@@ -448,7 +461,7 @@ class ReductionKernel:
         env[red.out.id] = np.asarray(IMPL[red.prim](np.broadcast_to(value, shape), axes=axes)
                                      ).astype(acc)
         env = _evaluate(post, env, err)
-        return ndarray(np.array(env[g.outputs[0].id], dtype=self.out_types[0]))
+        return ndarray(flush_denormals(np.array(env[g.outputs[0].id], dtype=self.out_types[0])))
 
 
 # -- the module ---------------------------------------------------------------------------------

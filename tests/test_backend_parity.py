@@ -435,6 +435,8 @@ def test_jax_host_handles_pass_between_host_nodes(monkeypatch, in_jit):
     """A host node may return a handle (say, an in-flight communication) that only another host
     node reads: the backend passes it along untouched, and the device values around it. By
     default the host nodes are ordered callbacks inside one jit; cut into segments, the same."""
+    if in_jit:
+        _skip_unless_host_nodes_run_in_the_jit()
     from replicate.backends import jax_backend
     from replicate.backends.jax_backend import lower
     from replicate.graph import primitives
@@ -535,12 +537,10 @@ def test_jax_bucket_goes_to_the_host_unpacked(monkeypatch, unpack, overlap):
     and without (one blocking ``mpi_allreduce``). Off (``UNPACK_BUCKETS = False``): the same
     values from one packed buffer."""
     from replicate.backends import jax_backend
-    from replicate.backends.jax_host import available
     from replicate.graph.core import bind
     from replicate.graph.reference import IMPL
 
-    if not available():
-        pytest.skip("buffer_callback not available in this JAX (host nodes cut segments)")
+    _skip_unless_host_nodes_run_in_the_jit()
     got = []
 
     def start(x, *, op, owned=False, **_):  # as the communication thread: in place
@@ -601,6 +601,21 @@ def _fake_bucket_rows(monkeypatch, got):
     monkeypatch.setitem(IMPL, "mpi_allreduce", start)
 
 
+def _skip_unless_host_nodes_run_in_the_jit():
+    """Host nodes run inside the jit on a CPU JAX with ``buffer_callback`` only: on a GPU its
+    buffers are device memory and host nodes cut the step into jit segments (tested there by
+    the segment tests and the two-process parity)."""
+    import jax
+
+    from replicate.backends.jax_host import available
+
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"a GPU is here: JAX on {jax.default_backend()} cuts the step into jit "
+                    "segments at host nodes")
+    if not available():
+        pytest.skip("buffer_callback not available in this JAX (host nodes cut segments)")
+
+
 @only_jax
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "blocking"])
 def test_jax_unpacked_bucket_member_that_is_an_output(monkeypatch, overlap):
@@ -609,11 +624,9 @@ def test_jax_unpacked_bucket_member_that_is_an_output(monkeypatch, overlap):
     only a flattening that nothing else reads (outputs included) hands the bucket its source
     unflattened. (It came back as the source, a Variable of shape (6,) became (3, 2).)"""
     from replicate.backends import jax_backend
-    from replicate.backends.jax_host import available
     from replicate.graph.core import bind
 
-    if not available():
-        pytest.skip("buffer_callback not available in this JAX (host nodes cut segments)")
+    _skip_unless_host_nodes_run_in_the_jit()
     got = []
     _fake_bucket_rows(monkeypatch, got)
 
@@ -648,12 +661,10 @@ def test_jax_failure_waits_for_the_buckets_in_flight(monkeypatch, unpack):
     import time
 
     from replicate.backends import jax_backend
-    from replicate.backends.jax_host import available
     from replicate.graph.core import bind
     from replicate.graph.reference import IMPL
 
-    if not available():
-        pytest.skip("buffer_callback not available in this JAX (host nodes cut segments)")
+    _skip_unless_host_nodes_run_in_the_jit()
     jobs, fail = [], []
 
     class Job:  # a bucket on a communication thread: bucket 0 fails at once, bucket 1 is slow

@@ -344,8 +344,10 @@ def test_every_fusible_primitive_and_dtype_is_run(host_run):
         assert f"add_{dtype.name}" in run and f"const_{dtype.name}" in run
         assert {f"cast_{dtype.name}_to_{t.name}" for t in TARGETS} <= run
     for prim in fusible - {"cast"}:
-        floats = REGISTRY[prim].shape_rule.__name__ != "_logical"  # logical ops: bools only
-        assert {f"{prim}_{d.name}" for d in ((F16, F32, F64) if floats else (BOOL,))} <= run
+        takes = {"_logical": ("bool",), "_logical_not": ("bool",),  # bools only; invert: ints
+                 "_unary_integer": ("int32", "int64")}.get(
+            REGISTRY[prim].shape_rule.__name__, ("float16", "float32", "float64"))
+        assert {f"{prim}_{d}" for d in takes} <= run, prim
     assert set(CTYPE) - {"uint32"} <= {t.name for t in TARGETS}  # no uint32 values in graphs
 
 
@@ -372,7 +374,7 @@ def test_every_literal_compiles_with_nvrtc(host_run):
         pytest.skip(reason)
     cases, _ = host_run
     unary = [c for c in cases if c.label.startswith("const_") and
-             not c.label.rsplit("_", 2)[-2] in ("left", "right")]
+             c.label.rsplit("_", 2)[-2] not in ("left", "right")]
     launches = {_signature(c): c.spec for c in unary}
     n, failures = cupy_nvrtc.compile_all(launches)
     assert failures == [], "\n\n".join(f"{label}:\n{log[:2000]}" for label, log, _ in failures)

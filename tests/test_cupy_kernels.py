@@ -69,7 +69,7 @@ def _numeric(x, y):
 def _integer(x, y):
     k = iter(range(1, 10))
     a = lambda: x + x.dtype.type(next(k) % 3)  # noqa: E731 - small bases
-    return [a() // y, rnp.power(a(), rnp.abs(y))]  # integer pow: by squaring
+    return [a() // y, rnp.power(a(), rnp.abs(y)), ~a()]  # integer pow: by squaring; bitwise not
 
 
 def _boolean(x, y):
@@ -308,3 +308,23 @@ def test_an_integer_to_a_negative_integer_power_raises_as_in_numpy():
     assert len(fused) == 2 and all(s.flag and "raw int32 err_flag" in s.in_params
                                    for s in fused)
     _compile_or_skip(seen.signatures)
+
+
+def test_float32_denormals_are_flushed_to_zero_in_generated_kernels():
+    """The one GPU difference kept (README, GPU): CuPy compiles every kernel with flush-to-zero,
+    so a float32 denormal read or made by a fused group is 0, sign kept; float64 keeps them.
+    The stand-in flushes as the GPU does, so a test that relies on float32 denormals fails
+    here too."""
+    tiny = np.finfo(np.float32).tiny
+    x = np.array([tiny / 4, -tiny / 4, tiny, 1.0], np.float32)
+    def fn(x):
+        return x * 1.5 * 2.0
+
+    with LAUNCHES.recording() as seen:
+        got = np.asarray(rp.function(fn, backend="cupy")(x))
+    assert seen.fused == 1
+    assert rp.function(fn)(x)[0] != 0  # NumPy keeps the denormal
+    np.testing.assert_array_equal(got, np.array([0.0, -0.0, tiny * 3, 3.0], np.float32))
+    assert np.signbit(got[1])
+    x64 = x.astype(np.float64) * 1e-270  # float64 denormals (below 2.2e-308)
+    np.testing.assert_array_equal(rp.function(fn, backend="cupy")(x64), rp.function(fn)(x64))

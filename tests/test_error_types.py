@@ -29,7 +29,7 @@ DTYPE_CASES = {
     "float op of an int": (lambda b, f, i: bind("exp", i), "needs a floating-point operand"),
     "operand dtypes differ": (lambda b, f, i: bind("add", f, rnp.cast(f, "float32")),
                               "operand dtypes differ"),
-    "logical op of floats": (lambda b, f, i: rnp.logical_and(f, f), "logical ops need bool"),
+    "invert of floats": (lambda b, f, i: ~f, r"invert \(~\) needs integers or bools"),
     "select on a float": (lambda b, f, i: bind("select", f, f, f), "condition must be bool"),
     "cast to complex": (lambda b, f, i: rnp.cast(f, np.complex128), "cannot cast to complex128"),
     "float index array": (lambda b, f, i: f[rnp.cast(f, "float64") * 0],

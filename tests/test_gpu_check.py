@@ -12,12 +12,11 @@ runs them whole on the GPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, child_env, have_mpi
+from conftest import ROOT, child_env, have_mpi, run
 
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
 CUPY_MODULES = "test_cupy_kernels or test_cupy_scatter or test_device_state or test_cuda_codegen"
@@ -28,27 +27,31 @@ pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")]
 
 
-def _rehearse(tmp_path, select):
-    env = child_env(OUT=str(tmp_path), GPU_CHECK_REHEARSAL=1, GPU_CHECK_PYTHON=sys.executable,
-                    GPU_CHECK_WORKERS=2, GPU_CHECK_ORACLE=1, GPU_CHECK_SELECT=select)
-    env.pop("PYTEST_XDIST_WORKER", None)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True,
-                            timeout=600)
-    summary = (tmp_path / "summary.txt").read_text()
-    return result, summary
+def _rehearse(tmp_path, select, steps=None):
+    """Run the script (``conftest.run``: the machine to this test alone, a hard timeout); its
+    own pytest workers coordinate the cores through lock files of their own (``TMPDIR``)."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    env = child_env(OUT=str(out), TMPDIR=str(tmp), GPU_CHECK_REHEARSAL=1,
+                    GPU_CHECK_PYTHON=sys.executable, GPU_CHECK_WORKERS=2, GPU_CHECK_ORACLE=1,
+                    GPU_CHECK_SELECT=select, **({"GPU_CHECK_STEPS": steps} if steps else {}))
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"):
+        env.pop(var, None)
+    result = run(["bash", SCRIPT], cwd=ROOT, env=env, timeout=400)
+    return result, (out / "summary.txt").read_text(), out
 
 
 def test_the_gpu_check_passes_on_the_stand_in_seen_as_a_gpu(tmp_path):
-    result, summary = _rehearse(tmp_path, f"{CUPY_MODULES} or (cupy and relu) or "
-                                          "(two_processes and cupy)")
+    result, summary, out = _rehearse(tmp_path, f"{CUPY_MODULES} or (cupy and relu) or "
+                                               "(two_processes and cupy)")
     log = result.stdout[-6000:] + result.stderr[-3000:]
     assert result.returncode == 0, log
     lines = summary.splitlines()
     assert len(lines) == len(STEPS), summary
     for line, name in zip(lines, STEPS):
         assert line.startswith(name) and " passed " in line, summary
-    assert (tmp_path / "junit.xml").exists() and (tmp_path / "gpu_check.log").exists()
+    assert (out / "junit.xml").exists() and (out / "gpu_check.log").exists()
     # the cupy modules ran whole, as on a GPU: what only the stand-in checks said so
     assert "a GPU is here" in result.stdout and " 0 skipped" not in result.stdout
 
@@ -56,7 +59,7 @@ def test_the_gpu_check_passes_on_the_stand_in_seen_as_a_gpu(tmp_path):
 def test_a_test_that_skips_for_another_reason_fails_the_check(tmp_path):
     """On a GPU machine nothing may skip but what only the stand-in or a compiler can check: a
     skip for a missing package (PyTorch here) fails the parity step, and so the check."""
-    result, summary = _rehearse(tmp_path, "test_interop and torch")
+    result, summary, _ = _rehearse(tmp_path, "test_interop and torch", steps="parity")
     assert result.returncode == 1, result.stdout[-3000:]
     assert "skipped on a GPU machine" in result.stdout and "PyTorch is optional" in result.stdout
     parity = next(line for line in summary.splitlines() if line.startswith("parity"))

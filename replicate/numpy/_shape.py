@@ -43,14 +43,12 @@ def from_dlpack(x) -> Array:
     return as_array(from_foreign(x))
 
 
-# The default float: what ``zeros``, ``ones``, ``eye`` and ``full`` with a Python float make
-# when no dtype is given (float32, as JAX without x64 and PyTorch; NumPy's is float64).
+# the default float of zeros/ones/eye/full(float) (float32: JAX, PyTorch; NumPy's is float64)
 DEFAULT_FLOAT = np.dtype(np.float32)
 
 
 def zeros(shape, dtype=DEFAULT_FLOAT):
-    """An array of zeros; float32 unless ``dtype`` is given (NumPy's default is float64: see
-    the dtype notes of ``replicate.numpy``)."""
+    """Zeros; float32 unless ``dtype`` is given (NumPy: float64; ``replicate.numpy``)."""
     return concrete(np.zeros(shape, dtype))
 
 
@@ -60,10 +58,8 @@ def ones(shape, dtype=DEFAULT_FLOAT):
 
 
 def full(shape, fill_value, dtype=None):
-    """An array of ``fill_value``. Without ``dtype``, the fill value's: bool for a bool, int64
-    for a Python int, float32 (the default float, as ``zeros``) for a Python float, a NumPy
-    scalar's or an array's own dtype — PyTorch's rule; NumPy's differs only in making a Python
-    float float64. So an integer is never rounded to a float unasked.
+    """An array of ``fill_value``, by default of its dtype: bool, int64 for a Python int, float32
+    for a Python float (NumPy: float64), a NumPy scalar's own — PyTorch's rule; never rounded.
 
     >>> import replicate.numpy as rnp
     >>> [rnp.full((2,), v).dtype.name for v in (True, 16777217, 0.5)]
@@ -94,8 +90,7 @@ def arange(*args, dtype=None):
 
 
 def eye(n, dtype=DEFAULT_FLOAT):
-    """The ``n`` by ``n`` identity; float32 unless ``dtype`` is given (NumPy's default is
-    float64)."""
+    """The ``n`` by ``n`` identity; float32 unless ``dtype`` is given (NumPy: float64)."""
     return concrete(np.eye(n, dtype=dtype))
 
 
