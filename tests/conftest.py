@@ -32,9 +32,11 @@ HERE = os.path.join(ROOT, "tests")
 PROGRAMS = os.path.join(HERE, "programs")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 TIMEOUT = 60
-# A program run top to bottom as a user's script is (its first lines run before any import);
-# the doctest collection must not import it.
-collect_ignore = ["programs/startup_mpi.py"]
+# The programs are run under mpiexec, top to bottom as a user's script is: the doctest collection
+# must not import them (startup_mpi.py's first lines run before any import; gpu_transport_mpi.py
+# and stall_nccl_mpi.py set REPLICATE_STANDIN_DEVICES / REPLICATE_TRANSPORT in os.environ at
+# import, which every later child process of the worker then inherited). They hold no tests.
+collect_ignore_glob = ["programs/*.py"]
 
 # Without a GPU the cupy backend's tests run against a CuPy stand-in (tests/cupy_standin.py:
 # device arrays backed by NumPy, kernels checked against CuPy's own parameter parsing); where

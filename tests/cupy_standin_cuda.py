@@ -81,8 +81,11 @@ class Device:
     def pci_bus_id(self) -> str:
         return f"0000:{0x17 + self.id:02X}:00.0"
 
-    def use(self) -> None:
+    def use(self):
+        """Make this device current on the calling thread; returns the device (CuPy 14.2 on an
+        H200 did: ``Device(0).use()`` is ``<CUDA Device 0>``)."""
         STATE.device = self.id
+        return self
 
     def synchronize(self):
         pass

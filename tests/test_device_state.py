@@ -414,7 +414,7 @@ def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_the
     """What ``cupy_standin_cuda.py`` models of CuPy 14 and the backend relies on, asserted of
     whichever ``cupy`` is in place (on a GPU, of the real one): the current device and current
     streams are per host thread (a new thread starts on device 0, on the null stream);
-    ``Device.use`` returns None; ``Event.record`` takes a ``Stream``, not its pointer; NCCL's
+    ``Device.use`` returns the device; ``Event.record`` takes a ``Stream``, not its pointer; NCCL's
     unique id is 128 ``bytes`` and a tuple is refused. With two devices: a stream made current
     or recorded on from another device fails, a stream waits for another device's event."""
     import cupy
@@ -425,7 +425,8 @@ def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_the
     if cupy_standin.ACTIVE:
         monkeypatch.setenv("REPLICATE_STANDIN_DEVICES", "2")
     main = cuda.runtime.getDevice()
-    assert cuda.Device(main).use() is None
+    device = cuda.Device(main)
+    assert device.use() is device
     stream = cuda.Stream(non_blocking=True)
     assert stream.device_id == main
     with stream:
