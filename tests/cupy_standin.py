@@ -405,11 +405,11 @@ class ElementwiseKernel:
             self.real._decide_params_type(*dtypes)
         out = outs[0]
         shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
-        if shape != out.shape:
+        if not self.raw[-1] and shape != out.shape:  # a raw output is passed whole
             raise ValueError("Out shape is mismatched")
         if self.model is not None:
-            out._a[...] = self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
-                                       for a, raw in zip(ins, self.raw)])
+            self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
+                         for a, raw in zip(args, self.raw)])
             return out
         if self.program is not None:
             env = {n: a._a if raw else np.broadcast_to(a._a, shape).reshape(-1)
@@ -487,19 +487,19 @@ def _scatter_add(out, index, g):
     np.add.at(a.reshape(-1), pos.reshape(-1)[::-1], vals[::-1])
 
 
-def _segment_sum(start, stop, vals):
-    """``cupy_scatter.segment_sum``: per segment, 0 + vals[start] + ... + vals[stop - 1] in
-    order (its C is compiled with NVRTC and run on the host by ``tests/test_cupy_scatter``)."""
-    lengths = (stop - start).reshape(-1)
-    seg = np.repeat(np.arange(lengths.size), lengths)
-    idx = np.repeat(start.reshape(-1), lengths) + np.arange(lengths.sum()) - \
-        np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out = np.zeros(lengths.size, vals.dtype)
-    np.add.at(out, seg, vals[idx])  # each segment's adds in order, from 0
-    return out.reshape(start.shape)
+def _segment_sum(p, pos, vals, out):
+    """``cupy_scatter.segment_sum``: each run of equal sorted positions ``pos`` summed in order,
+    from 0, into ``out[pos]`` (its C is compiled with NVRTC and run on the host by
+    ``tests/test_cupy_scatter``)."""
+    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
+    totals = np.zeros(starts.size, vals.dtype)
+    np.add.at(totals, np.repeat(np.arange(starts.size), np.diff(np.r_[starts, pos.size])),
+              vals)  # each run's adds in order, from 0
+    out[pos[starts]] = totals
 
 
-MODELS = {"replicate_segment_sum": _segment_sum}  # kernels with loops, by name: NumPy models
+# kernels with loops, by name: NumPy models, called with the inputs and the output to write
+MODELS = {"replicate_segment_sum": _segment_sum}
 
 
 def _erf(x):

@@ -3,7 +3,7 @@
 where ``cupyx.scatter_add``'s atomics add in no set order (the CuPy stand-in applies them last
 to first, so a result that relies on the order shows). Checked bitwise against the NumPy
 reference through the stand-in; the segment-sum kernel compiled with NVRTC and its C run on the
-host."""
+host. Nothing is read back to the host between the sort and the sums (no synchronisation)."""
 
 from __future__ import annotations
 
@@ -67,26 +67,30 @@ def test_the_segment_sum_kernel_compiles():
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) installed")
 def test_the_segment_sum_c_adds_each_run_in_order_from_zero(tmp_path):
-    """The kernel's C, one loop iteration per thread, run on the host: each segment's sum is
-    ``np.add.at``'s, bit for bit."""
+    """The kernel's C, one thread per sorted update (a loop here, ``_ind.size()`` the count),
+    run on the host: each run's first thread writes its sum, ``np.add.at``'s bit for bit; the
+    other threads write nothing."""
     from replicate.backends.cupy_scatter import segment_sum
 
     vals = np.resize(ORDERED, 11)
-    bounds = [0, 3, 4, 9, 11]
+    pos = np.array([0, 0, 0, 2, 5, 5, 5, 5, 5, 6, 6])  # sorted; 1, 3 and 4 get nothing
     _, _, operation, _ = segment_sum(np.float32)
     source = (
         "#include <cstdio>\nint main() {\n"
         f"  const float vals[] = {{{', '.join(float(v).hex() for v in vals)}}};\n"
-        f"  const long long b[] = {{{', '.join(map(str, bounds))}}};\n"
-        f"  for (int i = 0; i < {len(bounds) - 1}; ++i) {{\n"
-        "    const long long start = b[i], stop = b[i + 1]; float total;\n"
-        f"    {operation}\n    printf(\"%a\\n\", (double)total);\n  }}\n}}\n")
+        f"  const long long pos[] = {{{', '.join(map(str, pos))}}};\n"
+        "  float out[7]; for (int j = 0; j < 7; ++j) out[j] = -1.0f;  // untouched: -1\n"
+        f"  struct {{ long long size() const {{ return {pos.size}; }} }} _ind;\n"
+        f"  for (long long i = 0; i < {pos.size}; ++i) {{\n"
+        f"    const long long p = pos[i];\n    {operation}\n  }}\n"
+        "  for (int j = 0; j < 7; ++j) printf(\"%a\\n\", (double)out[j]);\n}\n")
     (tmp_path / "s.cpp").write_text(source)
     built = subprocess.run(["g++", "-O2", "-o", "s", "s.cpp"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     out = subprocess.run(["./s"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    want = np.zeros(len(bounds) - 1, np.float32)
-    np.add.at(want, np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)), vals)
+    want = np.full(7, -1.0, np.float32)
+    want[np.unique(pos)] = 0
+    np.add.at(want, pos, vals)
     got = np.array([float.fromhex(v) for v in out.stdout.split()], np.float32)
     assert got.tobytes() == want.tobytes()
