@@ -40,7 +40,8 @@ collect_ignore_glob = ["programs/*.py"]
 
 # Without a GPU the cupy backend's tests run against a CuPy stand-in (tests/cupy_standin.py:
 # device arrays backed by NumPy, kernels checked against CuPy's own parameter parsing); where
-# CuPy sees a GPU they run on it. REPLICATE_CUPY_STANDIN=0 turns the stand-in off.
+# CuPy sees a GPU they run on it. REPLICATE_CUPY_STANDIN=0 turns the stand-in off;
+# REPLICATE_CUPY_STANDIN=gpu-view keeps it but has every test take its GPU path.
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 # JAX on a GPU: no preallocation of most of the device, deterministic ops (unless set already)
