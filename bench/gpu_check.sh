@@ -23,8 +23,8 @@
 #
 # Rehearsal without a GPU (tests/test_gpu_check.py): GPU_CHECK_REHEARSAL=1 runs every step on the
 # CuPy stand-in seen as a GPU (REPLICATE_CUPY_STANDIN=gpu-view), with GPU_CHECK_PYTHON as the
-# interpreter and GPU_CHECK_SELECT / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS / GPU_CHECK_STEPS
-# narrowing the work.
+# interpreter and GPU_CHECK_SELECT / GPU_CHECK_TESTS / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS /
+# GPU_CHECK_STEPS narrowing the work.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,6 +36,9 @@ SELECT=${GPU_CHECK_SELECT:-"cupy or jax or test_cupy_kernels or test_cupy_scatte
 test_device_state or test_cuda_codegen"}
 ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
 STEPS=${GPU_CHECK_STEPS:-"versions parity oracle nccl-one nccl-shared"}
+TESTS=${GPU_CHECK_TESTS:-"tests/test_cupy_kernels.py tests/test_cupy_scatter.py \
+tests/test_cuda_codegen.py tests/test_device_state.py tests/test_backend_parity.py \
+tests/test_ops_low_precision.py tests/test_step_errors.py tests/test_interop.py"}
 SUMMARY=$OUTDIR/summary.txt
 : >"$SUMMARY"
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
@@ -70,7 +73,7 @@ wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # -- 0. the interpreter: the machine's packages plus the carried wheels --------------------------
 . bench/gpu_env.sh
-export PY REHEARSAL OUTDIR WORKERS SELECT
+export PY REHEARSAL OUTDIR WORKERS SELECT TESTS
 
 # -- 1. versions --------------------------------------------------------------------------------
 versions() {
@@ -116,11 +119,9 @@ wanted versions && step "versions" 90 versions
 
 # -- 2. the parity suites -----------------------------------------------------------------------
 parity() {
+  # shellcheck disable=SC2086 - TESTS is a list of paths
   "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" -rs --junitxml="$OUTDIR/junit.xml" \
-    -o faulthandler_timeout=150 \
-    -k "$SELECT" tests/test_cupy_kernels.py tests/test_cupy_scatter.py \
-    tests/test_cuda_codegen.py tests/test_device_state.py tests/test_backend_parity.py \
-    tests/test_ops_low_precision.py tests/test_step_errors.py tests/test_interop.py
+    -o faulthandler_timeout=150 -k "$SELECT" $TESTS
   local rc=$?
   # nothing may skip on a GPU machine, but what only the stand-in or a compiler can check
   "$PY" - "$OUTDIR/junit.xml" <<'PYEOF' || rc=1

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")]
 
 
-def _rehearse(tmp_path, select, steps=None):
+def _rehearse(tmp_path, select, steps=None, tests=None):
     """Run the script (``conftest.run``: the machine to this test alone, a hard timeout); its
     own pytest workers coordinate the cores through lock files of their own (``TMPDIR``)."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
@@ -35,7 +35,8 @@ def _rehearse(tmp_path, select, steps=None):
     tmp.mkdir()
     env = child_env(OUT=str(out), TMPDIR=str(tmp), GPU_CHECK_REHEARSAL=1,
                     GPU_CHECK_PYTHON=sys.executable, GPU_CHECK_WORKERS=2, GPU_CHECK_ORACLE=1,
-                    GPU_CHECK_SELECT=select, **({"GPU_CHECK_STEPS": steps} if steps else {}))
+                    GPU_CHECK_SELECT=select, **({"GPU_CHECK_STEPS": steps} if steps else {}),
+                    **({"GPU_CHECK_TESTS": tests} if tests else {}))
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"):
         env.pop(var, None)
     result = run(["bash", SCRIPT], cwd=ROOT, env=env, timeout=400)
@@ -58,9 +59,17 @@ def test_the_gpu_check_passes_on_the_stand_in_seen_as_a_gpu(tmp_path):
 
 def test_a_test_that_skips_for_another_reason_fails_the_check(tmp_path):
     """On a GPU machine nothing may skip but what only the stand-in or a compiler can check: a
-    skip for a missing package (PyTorch here) fails the parity step, and so the check."""
-    result, summary, _ = _rehearse(tmp_path, "test_interop and torch", steps="parity")
+    skip for anything else (a missing package, say) fails the parity step, and so the check;
+    one that says "a GPU is here" does not."""
+    module = tmp_path / "test_rehearsed_skips.py"
+    module.write_text("import pytest\n\n\ndef test_allowed():\n"
+                      "    pytest.skip('a GPU is here: only the stand-in checks this')\n\n\n"
+                      "def test_not_allowed():\n"
+                      "    pytest.skip('an optional package is missing')\n")
+    result, summary, _ = _rehearse(tmp_path, "allowed", steps="parity", tests=str(module))
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "skipped on a GPU machine" in result.stdout and "PyTorch is optional" in result.stdout
+    assert "skipped on a GPU machine" in result.stdout, result.stdout[-3000:]
+    assert "an optional package is missing" in result.stdout
+    assert "only the stand-in checks this" not in result.stdout.split("gpu_check: 2 tests")[-1]
     parity = next(line for line in summary.splitlines() if line.startswith("parity"))
     assert "FAILED" in parity, summary
