@@ -1622,3 +1622,12 @@ def test_new_float_functions_give_numpys_special_values(where, dtype):
         assert g.dtype == w.dtype, name
         np.testing.assert_allclose(g, w, rtol=r * 4, atol=t, err_msg=f"{name} on {where}")
         assert (np.signbit(g) == np.signbit(w))[~np.isnan(w)].all(), f"{name}: sign of a zero"
+    # NumPy's bits at powers of the base, where NumPy is exact (log(x) / log(2) is not:
+    # log2(2.0**29) would be 29.000000000000004); JAX's own log2 is log(x) / log(2)
+    if where != "jax":
+        k = np.arange(-30, 31).astype(dtype)
+        for fn, ref, base in ((rnp.log2, np.log2, 2.0), (rnp.log10, np.log10, 10.0)):
+            x = base ** k
+            f = fn if where == "eager" else rp.function(fn, backend=where)
+            np.testing.assert_array_equal(to_numpy(f(rnp.asarray(x) if where == "eager" else x)),
+                                          ref(x), err_msg=f"{fn.__name__} on {where}")

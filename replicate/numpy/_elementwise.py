@@ -83,15 +83,16 @@ arccosh = _documented(_unary("arccosh", True), """The inverse hyperbolic cosine,
 arctanh = _documented(_unary("arctanh", True), """The inverse hyperbolic tangent, elementwise
 (``np.arctanh``): ±inf at ±1, NaN beyond. A primitive; gradient ``1 / (1 - x**2)``.""")
 log2 = _documented(_unary("log2", True), """The base-2 logarithm, elementwise (``np.log2``;
-exact at powers of 2, which ``log(x) / log(2)`` is not). A primitive; gradient
-``1 / (x log 2)``.
+exact at powers of 2, which ``log(x) / log(2)`` is not — but on the JAX backend, whose
+``log2`` is that quotient). A primitive; gradient ``1 / (x log 2)``.
 
 >>> import replicate.numpy as rnp
 >>> rnp.log2(rnp.asarray([1.0, 8.0, 0.5])).tolist()
 [0.0, 3.0, -1.0]
 """)
 log10 = _documented(_unary("log10", True), """The base-10 logarithm, elementwise (``np.log10``;
-exact at powers of 10). A primitive; gradient ``1 / (x log 10)``.""")
+NumPy's values at powers of 10 but on the JAX backend, as ``log2``). A primitive; gradient
+``1 / (x log 10)``.""")
 
 
 def _binary_float_ufunc(prim):
