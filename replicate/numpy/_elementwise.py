@@ -115,8 +115,8 @@ elementwise, in [-pi, pi] (``np.arctan2(x1, x2)``, the quadrant from both signs,
 included). A primitive; gradient ``(x2, -x1) / (x1**2 + x2**2)``.
 
 >>> import replicate.numpy as rnp
->>> round(float(rnp.arctan2(1.0, -1.0)), 6)
-2.356194
+>>> rnp.arctan2(rnp.asarray([1.0, -0.0]), -1.0).tolist()
+[2.356194490192345, -3.141592653589793]
 """)
 logaddexp = _documented(_binary_float_ufunc("logaddexp"), """``log(exp(x1) + exp(x2))``,
 elementwise, without overflow (``np.logaddexp``, whose formula and special values it keeps:
