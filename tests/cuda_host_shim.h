@@ -47,6 +47,18 @@ using std::rint;
 using std::sin;
 using std::sqrt;
 using std::tanh;
+using std::tan;
+using std::sinh;
+using std::cosh;
+using std::asin;
+using std::acos;
+using std::atan;
+using std::atan2;
+using std::asinh;
+using std::acosh;
+using std::atanh;
+using std::log2;
+using std::log10;
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

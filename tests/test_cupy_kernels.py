@@ -48,7 +48,11 @@ def _unary_float(x, y):
             rnp.rsqrt(pos()), rnp.tanh(sig()), rnp.sin(sig()), rnp.cos(sig()),
             rnp.sigmoid(sig()), rnp.floor(sig()), rnp.ceil(sig()), rnp.round(sig()),
             rnp.erf(sig()), rnp.isfinite(sig()), rnp.clip(sig(), -1.0, 1.0),
-            rnp.power(pos(), y), rnp.divide(sig(), x)]
+            rnp.power(pos(), y), rnp.divide(sig(), x),
+            rnp.tan(sig()), rnp.sinh(sig()), rnp.cosh(sig()), rnp.arcsin(sig() * 0.3),
+            rnp.arccos(sig() * 0.3), rnp.arctan(sig()), rnp.arcsinh(sig()),
+            rnp.arccosh(pos() + 1.0), rnp.arctanh(sig() * 0.3), rnp.log2(pos()),
+            rnp.log10(pos()), rnp.arctan2(sig(), y), rnp.logaddexp(sig(), y)]
 
 
 def _numeric(x, y):

@@ -42,7 +42,8 @@ class In:
 
     shape: tuple
     dtype: str = F64
-    # real | positive | away0 | unit | int | posint | special | index<N> | class<N> | edges
+    # real | positive | away0 | unit | above1 | int | posint | special | index<N> | class<N> |
+    # edges
     domain: str = "real"
 
     def sample(self, rng) -> np.ndarray:
@@ -60,8 +61,8 @@ class In:
                 [0, 1, 2, 7, info.max - 1, info.max, 3]
             return np.resize(np.array(vals, self.dtype), shape)
         if kind in "iu":
-            lo, hi = {"positive": (1, 4), "posint": (1, 4), "away0": (1, 4)}.get(self.domain,
-                                                                                   (-3, 4))
+            lo, hi = {"positive": (1, 4), "posint": (1, 4), "away0": (1, 4),
+                      "above1": (2, 5)}.get(self.domain, (-3, 4))
             v = rng.integers(lo, hi, shape)
             if self.domain == "away0":
                 v = v * rng.choice([-1, 1], shape)
@@ -72,6 +73,8 @@ class In:
             v = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
         elif self.domain == "unit":
             v = rng.uniform(-0.9, 0.9, shape)
+        elif self.domain == "above1":  # arccosh's domain, away from its pole at 1
+            v = rng.uniform(1.2, 3.0, shape)
         elif self.domain == "int":  # small integral values (ties for comparisons)
             v = rng.integers(-2, 3, shape).astype(float)
         elif self.domain == "special":
@@ -728,7 +731,7 @@ case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
 
 # -- everyday ops (issue 16): rounding, mod, erf, scans, sorting, rearranging ---------------------
 ROUNDING = {"floor": (rnp.floor, np.floor), "ceil": (rnp.ceil, np.ceil),
-            "round": (rnp.round, np.round)}
+            "round": (rnp.round, np.round), "trunc": (rnp.trunc, np.trunc)}
 for name, (op, ref) in ROUNDING.items():
     # the gradient is zero (checked: no sample is within fd_eps of a jump)
     case(name, op, ref, In((2, 3)))
@@ -741,6 +744,9 @@ for name, (op, ref) in ROUNDING.items():
          In((3, 4), F64, "int"), grad=False, label="halves")  # round: halves to even
 case("floor+ceil", lambda x: rnp.floor(x) + rnp.ceil(x), lambda x: np.floor(x) + np.ceil(x),
      In((4,), BOOL), label="bool")
+case("trunc", rnp.trunc, np.trunc, In((4,), BOOL), label="bool")
+case("trunc", lambda x: rnp.trunc(x * 0.5), lambda x: np.trunc(x * 0.5), In((3, 4), F64, "int"),
+     grad=False, label="negative halves")  # -0.5 -> -0.0, -1.0 stays
 # halves again, at decimals 1 and -1 (exact in bfloat16 too: a rounding step before a jump
 # would move the value across it; test_round_with_decimals takes general values)
 case("round", lambda x: rnp.round(x + 0.25, 1), lambda x: np.round(x + 0.25, 1),
@@ -781,6 +787,59 @@ case("erf", rnp.erf, erf_ref, In((2, 3), I32), label="int")
 case("erf", lambda x: rnp.erf(x * 4.0), lambda x: erf_ref(x * 4.0), In((4, 5)),
      label="every branch")
 case("erf", rnp.erf, erf_ref, In((6,), F64, "special"), grad=False, label="special")
+
+# -- NumPy's remaining float functions (issue 30): trigonometric, hyperbolic, log2/log10 --------
+MORE_UNARY = {  # name: (rnp op, NumPy reference, domain)
+    "tan": (rnp.tan, np.tan, "unit"),
+    "sinh": (rnp.sinh, np.sinh, "real"),
+    "cosh": (rnp.cosh, np.cosh, "real"),
+    "arcsin": (rnp.arcsin, np.arcsin, "unit"),
+    "arccos": (rnp.arccos, np.arccos, "unit"),
+    "arctan": (rnp.arctan, np.arctan, "real"),
+    "arcsinh": (rnp.arcsinh, np.arcsinh, "real"),
+    "arccosh": (rnp.arccosh, np.arccosh, "above1"),
+    "arctanh": (rnp.arctanh, np.arctanh, "unit"),
+    "log2": (rnp.log2, np.log2, "positive"),
+    "log10": (rnp.log10, np.log10, "positive"),
+    "positive": (rnp.positive, np.positive, "real"),  # keeps integer dtypes
+}
+for name, (op, ref, domain) in MORE_UNARY.items():
+    for shape in [(), (4,), (2, 3)]:
+        case(name, op, ref, In(shape, F64, domain))
+    for dtype in (F32, I32, I64):
+        case(name, op, ref, In((2, 3), dtype, domain))
+    # NaN, +-inf, 0, and values outside the domain (NaN, or +-inf at a pole) as NumPy's
+    case(name, op, ref, In((6,), F64, "special"), grad=False, label="special")
+    case(name, lambda x, op=op: op(x * 3.0), lambda x, ref=ref: ref(x * 3.0),
+         In((8,), F32), grad=False, label="wide")
+case("arcsin+arccos+arctanh", lambda x: rnp.arcsin(x) + rnp.arccos(x) + rnp.arctanh(x),
+     lambda x: np.arcsin(x) + np.arccos(x) + np.arctanh(x), In((6,), F64, "int"), grad=False,
+     label="ends")  # -1, 0, 1: arctanh's +-inf, NaN beyond
+case("log2+log10", lambda x: rnp.log2(2.0 ** x) + rnp.log10(10.0 ** x),
+     lambda x: np.log2(2.0 ** x) + np.log10(10.0 ** x), In((5,), F64, "int"), grad=False,
+     label="exact powers")
+case("sinh+cosh", lambda x: rnp.sinh(x * 300.0) + rnp.cosh(x * 300.0),
+     lambda x: np.sinh(x * 300.0) + np.cosh(x * 300.0), In((6,), F64, "unit"), grad=False,
+     label="large")  # beyond exp's overflow (709.8) up to sinh's (710.5): finite, or inf
+
+# binary: arctan2 (the quadrant from both signs) and logaddexp (stable for large inputs)
+for name, op, ref in [("arctan2", rnp.arctan2, np.arctan2),
+                      ("logaddexp", rnp.logaddexp, np.logaddexp)]:
+    for sa, sb in [((), ()), ((2, 3), (3,)), ((2, 1), (1, 3)), ((3,), ())]:
+        case(name, op, ref, In(sa, F64, "away0"), In(sb, F64, "away0"))
+    case(name, op, ref, In((2, 3), F32), In((3,), F32))
+    case(name, op, ref, In((2, 3), I32), In((3,), I32), label="int")
+    case(name, op, ref, In((4,), BOOL), In((4,), BOOL), label="bool")  # float16, as NumPy's
+    case(name, op, ref, In((6, 1), F64, "special"), In((1, 6), F64, "special"), grad=False,
+         label="special")  # every pair of NaN, +-inf, 0, 1.5, -2
+    case(name, lambda a, op=op: op(a, 2), lambda a, ref=ref: ref(a, 2), In((2, 3)),
+         label="scalar")
+    case(name, lambda a, op=op: op(-0.0, a), lambda a, ref=ref: ref(-0.0, a),
+         In((4,), F64, "int"), grad=False, label="signed zero")
+case("logaddexp", lambda a, b: rnp.logaddexp(a * 1000.0, b * 1000.0),
+     lambda a, b: np.logaddexp(a * 1000.0, b * 1000.0), In((2, 3)), In((3,)), label="large")
+case("logaddexp", lambda a: rnp.logaddexp(a, a), lambda a: np.logaddexp(a, a), In((4,)),
+     label="equal")
 
 SCAN_AXES = {(4,): [None, 0, -1], (2, 3): [None, 0, 1], (2, 3, 2): [1, -1]}
 for name, op, ref, domain in [("cumsum", rnp.cumsum, np.cumsum, "real"),
@@ -1020,7 +1079,8 @@ GRAD_OF_GRAD = {"exp", "log", "tanh", "sigmoid", "softplus", "sin", "cos", "sqrt
                 "concatenate", "pad", "maximum", "reciprocal", "abs", "expm1", "log1p",
                 "broadcast_to", "mean", "max", "erf", "mod", "cumsum", "cumprod", "sort",
                 "top_k", "flip", "roll", "repeat", "tile", "conv_transpose2d", "conv2d_input_grad",
-                "conv2d_weight_grad"}
+                "conv2d_weight_grad", "tan", "sinh", "arcsin", "arctan", "arccosh", "arctanh",
+                "log2", "arctan2", "logaddexp"}
 
 
 def _pick_gg():
@@ -1523,3 +1583,51 @@ def test_bad_axes_are_refused_not_wrapped(call):
         call(rnp.asarray(np.ones((2, 3))))
     with pytest.raises(rp.ReplicateError):
         rp.function(call)(np.ones((2, 3)))
+
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 800.0, -800.0])
+NEW_UNARY = ["tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh",
+             "arctanh", "log2", "log10", "trunc", "positive"]
+
+
+def _backend_modes():
+    from replicate.backends import available
+    return ["eager"] + [pytest.param(b, marks=pytest.mark.skipif(
+        b not in available(), reason=f"the {b} backend is not available"))
+        for b in ("numpy", "jax", "cupy")]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("where", _backend_modes())
+def test_new_float_functions_give_numpys_special_values(where, dtype):
+    """NaN, +-inf, signed zeros, poles and values outside the domain as NumPy gives them (the
+    sign of a zero included, and arctan2's quadrant on every pair of them) on every backend:
+    logaddexp stays finite where exp overflows and is NumPy's inf / -inf / NaN at the ends."""
+    x = SPECIAL.astype(dtype)
+    a, b = (v.reshape(-1) for v in np.meshgrid(x, x))
+
+    def step(x, a, b):
+        return ([getattr(rnp, n)(x) for n in NEW_UNARY]
+                + [rnp.arctan2(a, b), rnp.logaddexp(a, b)])
+
+    with np.errstate(all="ignore"):
+        want = [getattr(np, n)(x) for n in NEW_UNARY] + [np.arctan2(a, b), np.logaddexp(a, b)]
+        if where == "eager":
+            got = step(rnp.asarray(x), rnp.asarray(a), rnp.asarray(b))
+        else:
+            got = rp.function(step, backend=where)(x, a, b)
+        got = [to_numpy(g) for g in got]
+    r, t = tolerance(dtype)
+    for name, g, w in zip(NEW_UNARY + ["arctan2", "logaddexp"], got, want):
+        assert g.dtype == w.dtype, name
+        np.testing.assert_allclose(g, w, rtol=r * 4, atol=t, err_msg=f"{name} on {where}")
+        assert (np.signbit(g) == np.signbit(w))[~np.isnan(w)].all(), f"{name}: sign of a zero"
+    # NumPy's bits at powers of the base, where NumPy is exact (log(x) / log(2) is not:
+    # log2(2.0**29) would be 29.000000000000004); JAX's own log2 is log(x) / log(2)
+    if where != "jax":
+        k = np.arange(-30, 31).astype(dtype)
+        for fn, ref, base in ((rnp.log2, np.log2, 2.0), (rnp.log10, np.log10, 10.0)):
+            x = base ** k
+            f = fn if where == "eager" else rp.function(fn, backend=where)
+            np.testing.assert_array_equal(to_numpy(f(rnp.asarray(x) if where == "eager" else x)),
+                                          ref(x), err_msg=f"{fn.__name__} on {where}")

@@ -29,6 +29,7 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _arg_reduce,
     _argsort,
     _binary,
+    _binary_float,
     _binary_signed,
     _broadcast_to,
     _cast,
@@ -140,7 +141,10 @@ def get(name: str) -> Primitive:
 # ``backends/cuda_codegen.py`` (``CUDA_RULES``).
 _C_UNARY = {"exp": "exp({a})", "log": "log({a})", "log1p": "log1p({a})", "expm1": "expm1({a})",
             "sqrt": "sqrt({a})", "rsqrt": "rsqrt({a})", "tanh": "tanh({a})", "sin": "sin({a})",
-            "cos": "cos({a})",
+            "cos": "cos({a})", "tan": "tan({a})", "sinh": "sinh({a})", "cosh": "cosh({a})",
+            "arcsin": "asin({a})", "arccos": "acos({a})", "arctan": "atan({a})",
+            "arcsinh": "asinh({a})", "arccosh": "acosh({a})", "arctanh": "atanh({a})",
+            "log2": "log2({a})", "log10": "log10({a})",
             # exp(min(x, 0)) / (1 + exp(-|x|)), as the reference: 1 / (1 + exp(-x)) overflows to
             # 0 below -709.8 (float64) where the value is a denormal, not 0
             "logistic": "(exp({a} < 0 ? {a} : ({t})0) / (({t})1 + exp({a} < 0 ? {a} : -{a})))"}
@@ -151,6 +155,12 @@ for _name, _c in _C_UNARY.items():
 for _name, _c in (("add", "({a} + {b})"), ("mul", "({a} * {b})"), ("div", None),
                   ("pow", None), ("maximum", None), ("minimum", None)):
     declare(_name, ELEMENTWISE, _binary, cuda=_c)
+declare("arctan2", ELEMENTWISE, _binary_float, cuda="atan2({a}, {b})")
+# NumPy's npy_logaddexp: equal operands (infinities of one sign too) give a + log 2; otherwise
+# the larger plus log1p(exp(-|a - b|)), never overflowing; a NaN difference is returned (NaN)
+declare("logaddexp", ELEMENTWISE, _binary_float,
+        cuda="({a} == {b} ? {a} + ({t})0.6931471805599453 : ({a} > {b} ? {a} + log1p(exp({b} - "
+             "{a})) : ({a} < {b} ? {b} + log1p(exp({a} - {b})) : {a} - {b})))")
 declare("sub", ELEMENTWISE, _binary_signed, cuda="({a} - {b})")
 for _name, _op in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
                    ("ge", ">=")):

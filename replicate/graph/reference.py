@@ -155,6 +155,9 @@ ROWS = {
     "sqrt": _same("sqrt"), "rsqrt": lambda xp: lambda x: 1.0 / xp.sqrt(x),
     "tanh": _same("tanh"), "logistic": lambda xp: _logistic_np, "sin": _same("sin"),
     "cos": _same("cos"),
+    **{name: _same(name) for name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan",
+                                      "arcsinh", "arccosh", "arctanh", "log2", "log10",
+                                      "arctan2", "logaddexp")},
     "floor": _same("floor"), "ceil": _same("ceil"), "round": _same("rint"),  # half to even
     "erf": lambda xp: _erf_np, "mod": _same("remainder"),
     "add": _same("add"), "sub": _same("subtract"), "mul": _same("multiply"), "div": _div,

@@ -83,6 +83,12 @@ def _binary(a, b, **_):
     return AVal(_broadcast(a, b), _same_dtype(a, b))
 
 
+def _binary_float(a, b, **_):
+    if not (is_float(a.dtype) and is_float(b.dtype)):
+        raise DTypeError(f"needs floating-point operands, got {a.dtype} and {b.dtype}")
+    return _binary(a, b)
+
+
 def _mod(a, b, **_):
     if a.dtype == bool and b.dtype == bool:
         raise DTypeError("mod of two bools; cast them to an integer type first")

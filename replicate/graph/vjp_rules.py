@@ -235,6 +235,17 @@ VJP = RuleTable("vjp", {
     "logistic": _unary(lambda g, out, x: g * out * (1.0 - out)),
     "sin": _unary(lambda g, out, x: g * rnp.cos(x)),
     "cos": _unary(lambda g, out, x: -g * rnp.sin(x)),
+    "tan": _unary(lambda g, out, x: g * (1.0 + out * out)),
+    "sinh": _unary(lambda g, out, x: g * rnp.cosh(x)),
+    "cosh": _unary(lambda g, out, x: g * rnp.sinh(x)),
+    "arcsin": _unary(lambda g, out, x: g * rnp.rsqrt((1.0 - x) * (1.0 + x))),
+    "arccos": _unary(lambda g, out, x: -g * rnp.rsqrt((1.0 - x) * (1.0 + x))),
+    "arctan": _unary(lambda g, out, x: g / (1.0 + x * x)),
+    "arcsinh": _unary(lambda g, out, x: g * rnp.rsqrt(x * x + 1.0)),
+    "arccosh": _unary(lambda g, out, x: g * rnp.rsqrt((x - 1.0) * (x + 1.0))),
+    "arctanh": _unary(lambda g, out, x: g / ((1.0 - x) * (1.0 + x))),
+    "log2": _unary(lambda g, out, x: g / (x * math.log(2.0))),
+    "log10": _unary(lambda g, out, x: g / (x * math.log(10.0))),
     "erf": _unary(lambda g, out, x: g * (2.0 / math.sqrt(math.pi)) * rnp.exp(-(x * x))),
     "add": _binary(lambda g, o, a, b: g, lambda g, o, a, b: g),
     "sub": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g),
@@ -242,6 +253,12 @@ VJP = RuleTable("vjp", {
     "div": _binary(lambda g, o, a, b: g / b, lambda g, o, a, b: -g * o / b),
     # mod = a - b q with q = floor(a / b), read back from the result (exact where a / b rounds
     # onto an integer that the quotient is not)
+    # d atan2(a, b) = (b da - a db) / (a^2 + b^2)
+    "arctan2": _binary(lambda g, o, a, b: g * b / (a * a + b * b),
+                       lambda g, o, a, b: -g * a / (a * a + b * b)),
+    # d logaddexp = exp(a - out) da + exp(b - out) db: both exponents <= 0, no overflow
+    "logaddexp": _binary(lambda g, o, a, b: g * rnp.exp(a - o),
+                         lambda g, o, a, b: g * rnp.exp(b - o)),
     "mod": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g * rnp.round((a - o) / b)),
     "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
     "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),

@@ -54,6 +54,96 @@ fdlibm's algorithm, ``replicate/graph/special.py``; JAX ``lax.erf``; CUDA ``erf`
 """
 
 
+
+
+def _documented(op, doc):
+    op.__doc__ = doc
+    return op
+
+
+# NumPy's float functions (bools and integers in NumPy's float for them, as ``exp``), each a
+# primitive: NumPy's, JAX's and CUDA's own function (a composition would round differently, or
+# overflow or cancel where the function does not: sinh(x) = (exp(x) - exp(-x)) / 2 near 0)
+tan = _documented(_unary("tan", True), """The tangent, elementwise (``np.tan``). A primitive;
+gradient ``1 + tan(x)**2``.""")
+sinh = _documented(_unary("sinh", True), """The hyperbolic sine, elementwise (``np.sinh``). A
+primitive; gradient ``cosh(x)``.""")
+cosh = _documented(_unary("cosh", True), """The hyperbolic cosine, elementwise (``np.cosh``). A
+primitive; gradient ``sinh(x)``.""")
+arcsin = _documented(_unary("arcsin", True), """The inverse sine, elementwise (``np.arcsin``):
+NaN outside [-1, 1]. A primitive; gradient ``1 / sqrt(1 - x**2)``.""")
+arccos = _documented(_unary("arccos", True), """The inverse cosine, elementwise (``np.arccos``):
+NaN outside [-1, 1]. A primitive; gradient ``-1 / sqrt(1 - x**2)``.""")
+arctan = _documented(_unary("arctan", True), """The inverse tangent, elementwise (``np.arctan``).
+A primitive; gradient ``1 / (1 + x**2)``.""")
+arcsinh = _documented(_unary("arcsinh", True), """The inverse hyperbolic sine, elementwise
+(``np.arcsinh``). A primitive; gradient ``1 / sqrt(x**2 + 1)`` (0 where ``x**2`` overflows).""")
+arccosh = _documented(_unary("arccosh", True), """The inverse hyperbolic cosine, elementwise
+(``np.arccosh``): NaN below 1. A primitive; gradient ``1 / sqrt(x**2 - 1)``.""")
+arctanh = _documented(_unary("arctanh", True), """The inverse hyperbolic tangent, elementwise
+(``np.arctanh``): ±inf at ±1, NaN beyond. A primitive; gradient ``1 / (1 - x**2)``.""")
+log2 = _documented(_unary("log2", True), """The base-2 logarithm, elementwise (``np.log2``;
+exact at powers of 2, which ``log(x) / log(2)`` is not — but on the JAX backend, whose
+``log2`` is that quotient). A primitive; gradient ``1 / (x log 2)``.
+
+>>> import replicate.numpy as rnp
+>>> rnp.log2(rnp.asarray([1.0, 8.0, 0.5])).tolist()
+[0.0, 3.0, -1.0]
+""")
+log10 = _documented(_unary("log10", True), """The base-10 logarithm, elementwise (``np.log10``;
+NumPy's values at powers of 10 but on the JAX backend, as ``log2``). A primitive; gradient
+``1 / (x log 10)``.""")
+
+
+def _binary_float_ufunc(prim):
+    """The wrapper of a binary float primitive: NumPy's promotion, then bools and integers in
+    the float NumPy's float ufuncs give them (``np.arctan2`` of int8 is float16, of int32
+    float64: as ``exp``, not as ``divide``)."""
+    def op(a, b):
+        a, b = promote(a, b)
+        if not is_float(a.dtype):
+            dtype = np.result_type(a.dtype, np.float16)
+            a, b = cast(a, dtype), cast(b, dtype)
+        return bind(prim, a, b)
+
+    op.__name__ = prim
+    return op
+
+
+arctan2 = _documented(_binary_float_ufunc("arctan2"), """The angle of the point ``(x2, x1)``,
+elementwise, in [-pi, pi] (``np.arctan2(x1, x2)``, the quadrant from both signs, signed zeros
+included). A primitive; gradient ``(x2, -x1) / (x1**2 + x2**2)``.
+
+>>> import replicate.numpy as rnp
+>>> rnp.arctan2(rnp.asarray([1.0, -0.0]), -1.0).tolist()
+[2.356194490192345, -3.141592653589793]
+""")
+logaddexp = _documented(_binary_float_ufunc("logaddexp"), """``log(exp(x1) + exp(x2))``,
+elementwise, without overflow (``np.logaddexp``, whose formula and special values it keeps:
+``logaddexp(inf, inf)`` is inf, ``logaddexp(-inf, -inf)`` is -inf, a NaN gives NaN). A
+primitive; gradient ``exp(x1 - out)``, ``exp(x2 - out)``.
+
+>>> import replicate.numpy as rnp
+>>> rnp.logaddexp(rnp.asarray([1000.0, -1000.0]), 1000.0).tolist()
+[1000.6931471805599, 1000.0]
+""")
+
+
+def positive(x):
+    """``+x``, elementwise (``np.positive``): the values as they are (``-0.0`` stays); bools are
+    refused, as NumPy refuses them. Gradient 1.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.positive(rnp.asarray([-1.5, 2.0])).tolist()
+    [-1.5, 2.0]
+    """
+    x = as_array(x)
+    if x.dtype == np.bool_:
+        raise DTypeError("positive of bools is not defined (NumPy refuses it too); cast them "
+                         "to a number first")
+    return x
+
+
 def logical_not(x):
     """The truth value of ``not x``, elementwise: bool whatever ``x``'s dtype (a number is true
     when it is not 0, NaN included), as NumPy's.
@@ -184,6 +274,21 @@ def _rounding(prim, what):
 floor = _rounding("floor", "The largest integer not above x")
 ceil = _rounding("ceil", "The smallest integer not below x")
 _rint = _rounding("round", "x rounded to the nearest integer, halves to the even one")
+
+
+def trunc(x):
+    """x rounded towards zero, elementwise (``np.trunc``): ``ceil`` below 0, ``floor`` elsewhere
+    (exact; -0.5 gives -0.0, NaN and ±inf stay). An integer or bool array comes back as it is
+    (as NumPy 2's). Its gradient is zero (the derivative wherever it has one).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.trunc(rnp.asarray([-1.7, -0.5, 0.5, 2.9])).tolist()
+    [-1.0, -0.0, 0.0, 2.0]
+    """
+    x = as_array(x)
+    if not is_float(x.dtype):
+        return x
+    return where(less(x, 0), ceil(x), floor(x))
 
 
 def round(x, decimals=0):  # noqa: A001 - mirrors numpy's name
