@@ -54,22 +54,16 @@ fdlibm's algorithm, ``replicate/graph/special.py``; JAX ``lax.erf``; CUDA ``erf`
 """
 
 
-
-
 def _documented(op, doc):
     op.__doc__ = doc
     return op
 
 
-# NumPy's float functions (bools and integers in NumPy's float for them, as ``exp``), each a
-# primitive: NumPy's, JAX's and CUDA's own function (a composition would round differently, or
-# overflow or cancel where the function does not: sinh(x) = (exp(x) - exp(-x)) / 2 near 0)
-tan = _documented(_unary("tan", True), """The tangent, elementwise (``np.tan``). A primitive;
-gradient ``1 + tan(x)**2``.""")
-sinh = _documented(_unary("sinh", True), """The hyperbolic sine, elementwise (``np.sinh``). A
-primitive; gradient ``cosh(x)``.""")
-cosh = _documented(_unary("cosh", True), """The hyperbolic cosine, elementwise (``np.cosh``). A
-primitive; gradient ``sinh(x)``.""")
+# NumPy's float functions, each a primitive (NumPy's, JAX's, CUDA's own: a composition rounds,
+# overflows or cancels where the function does not: (exp(x) - exp(-x)) / 2 near 0)
+tan = _documented(_unary("tan", True), """The tangent (``np.tan``); gradient ``1 + tan(x)**2``.""")
+sinh = _documented(_unary("sinh", True), """The hyperbolic sine (``np.sinh``); gradient cosh.""")
+cosh = _documented(_unary("cosh", True), """The hyperbolic cosine (``np.cosh``); gradient sinh.""")
 arcsin = _documented(_unary("arcsin", True), """The inverse sine, elementwise (``np.arcsin``):
 NaN outside [-1, 1]. A primitive; gradient ``1 / sqrt(1 - x**2)``.""")
 arccos = _documented(_unary("arccos", True), """The inverse cosine, elementwise (``np.arccos``):
@@ -91,8 +85,7 @@ exact at powers of 2, which ``log(x) / log(2)`` is not — but on the JAX backen
 [0.0, 3.0, -1.0]
 """)
 log10 = _documented(_unary("log10", True), """The base-10 logarithm, elementwise (``np.log10``;
-NumPy's values at powers of 10 but on the JAX backend, as ``log2``). A primitive; gradient
-``1 / (x log 10)``.""")
+exact at powers of 10 but on JAX, as ``log2``). A primitive; gradient ``1 / (x log 10)``.""")
 
 
 def _binary_float_ufunc(prim):
