@@ -204,8 +204,12 @@ class Expected:
         x64 = [np.abs(self.xs[i].astype(F64)).ravel() for i in self.wrt]
         self.cond = [None] * len(self.outs)
         for k in floats:
-            if jac is not None and all(np.all(np.isfinite(j)) for j in jac[k]):
-                self.cond[k] = builtins.sum(np.abs(j) @ x for j, x in zip(jac[k], x64)
+            # a NaN or infinite output is compared exactly: its derivative (NaN, as log2's of a
+            # negative) leaves the other elements' conditioning as it is
+            special = ~np.isfinite(self.outs[k].astype(F64)).reshape(-1, 1)
+            rows = None if jac is None else [np.where(special, 0.0, j) for j in jac[k]]
+            if rows is not None and all(np.all(np.isfinite(j)) for j in rows):
+                self.cond[k] = builtins.sum(np.abs(j) @ x for j, x in zip(rows, x64)
                                             ).reshape(self.outs[k].shape)
         self.differentiable = _differentiable(c) and jac is not None
         if self.differentiable:
