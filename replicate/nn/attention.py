@@ -88,7 +88,8 @@ class MultiheadAttention(Module):
     ports unchanged. ``attn_mask`` (L, S) or (B * num_heads, L, S) follows *this module's*
     PyTorch convention: a boolean True marks a position that may NOT be attended (the opposite
     of ``scaled_dot_product_attention``'s), a float mask is added. ``is_causal=True`` applies the
-    causal mask by itself (PyTorch asks for the mask too and takes the flag as a hint).
+    causal mask by itself, and together with an ``attn_mask`` applies both (PyTorch asks for the
+    mask too and takes the flag as a hint that the mask is causal, which it may then drop).
 
     >>> import numpy as np, replicate as rp
     >>> mha = rp.nn.MultiheadAttention(8, 2)
