@@ -202,7 +202,7 @@ MHA = {  # name: (L, S, mask kind, is_causal, self-attention)
 }
 
 
-def mha_inputs(case, B=2, E=6, H=2):
+def mha_inputs(case, B=3, E=6, H=2):  # B != H: a (B * H, L, S) mask is told apart
     L, S, kind, causal, self_attn = MHA[case]
     rng = rng_for("in" + case)
     x = rng.standard_normal((B, L, E))
@@ -493,7 +493,7 @@ def test_module_dict_names_and_access():
         with pytest.raises(ReplicateError):
             heads[bad] = rp.nn.Linear(1, 1)
     with pytest.raises(AttributeError):
-        heads.missing
+        _ = heads.missing
 
 
 def test_containers_nested_in_a_model_are_seen_by_parameters_and_checkpoints(tmp_path):
