@@ -151,3 +151,80 @@ def huber(pred, target, delta=1.0):
     d = rnp.abs(rnp.subtract(wide_operand(pred), wide_operand(target)))
     quadratic = rnp.minimum(d, delta)
     return 0.5 * quadratic * quadratic + delta * (d - quadratic)
+
+
+def one_hot(labels, num_classes, dtype=np.float32):
+    """Rows of ``num_classes`` entries, 1 at each label and 0 elsewhere: shape
+    ``labels.shape + (num_classes,)``. As ``torch.nn.functional.one_hot`` except that
+    ``num_classes`` is required (a traced step cannot read it from the labels), the result is
+    ``dtype`` (float32 by default; PyTorch's is int64) and a label outside ``[0, num_classes)``
+    gives a row of zeros instead of an error.
+
+    >>> import replicate.numpy as rnp
+    >>> one_hot(rnp.asarray([0, 2]), 3).tolist()
+    [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    labels = rnp.as_array(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ReplicateError(f"one_hot: labels must be integers, got {labels.dtype}")
+    if int(num_classes) < 1:
+        raise ReplicateError(f"one_hot: num_classes must be positive, got {num_classes}")
+    hit = rnp.equal(rnp.expand_dims(labels, -1), np.arange(int(num_classes), dtype=labels.dtype))
+    return rnp.cast(hit, np.dtype(dtype))
+
+
+def nll_loss(log_probs, targets, reduction="none", ignore_index=-100):
+    """Negative log-likelihood of integer ``targets`` under ``log_probs`` (log-softmax output),
+    PyTorch's layout: ``log_probs`` is (N, C) or (N, C, d1, ...) (classes on axis 1; a 1-D
+    (C,) input takes a scalar target) and ``targets`` (N,) or (N, d1, ...).
+
+    Unlike ``torch.nn.functional.nll_loss`` (whose default is ``"mean"``) the default
+    ``reduction`` is ``"none"``: per-example, as every loss of ``rp.nn``; ``"mean"`` and
+    ``"sum"`` reduce as PyTorch's. Targets equal to ``ignore_index`` give 0 and are left out of
+    ``"mean"``'s count, as PyTorch's (a mean over no targets is nan). No class weights.
+
+    >>> import replicate.numpy as rnp
+    >>> nll_loss(rnp.log(rnp.asarray([[0.5, 0.5], [0.25, 0.75]])), rnp.asarray([0, 1]),
+    ...          "sum").tolist() == float(-np.log(0.5) - np.log(0.75))
+    True
+    """
+    logp = wide_operand(log_probs)
+    targets = rnp.as_array(targets)
+    if reduction not in ("none", "mean", "sum"):
+        raise ReplicateError(f"nll_loss: reduction is 'none', 'mean' or 'sum', got "
+                             f"{reduction!r}")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ReplicateError(f"nll_loss: targets must be integer classes, got {targets.dtype}")
+    axis = 1 if logp.ndim >= 2 else 0
+    expected = logp.shape[:axis] + logp.shape[axis + 1:]
+    if targets.shape != expected:
+        raise ReplicateError(f"nll_loss: targets of shape {targets.shape} do not fit log_probs "
+                             f"{logp.shape} (classes on axis {axis}; expected {expected})")
+    keep = rnp.not_equal(targets, ignore_index)
+    safe = rnp.where(keep, targets, 0)
+    picked = rnp.squeeze(rnp.take_along_axis(logp, rnp.expand_dims(safe, axis), axis), axis)
+    loss = rnp.where(keep, -picked, 0.0)
+    if reduction == "sum":
+        return rnp.sum(loss)
+    if reduction == "mean":
+        return rnp.sum(loss) / rnp.sum(rnp.cast(keep, loss.dtype))
+    return loss
+
+
+def flatten(x, start_dim=1, end_dim=-1):
+    """Merge the axes ``start_dim`` to ``end_dim`` (inclusive) into one. The default keeps the
+    batch axis, as ``torch.nn.Flatten``'s (``torch.flatten``'s default ``start_dim`` is 0).
+
+    >>> import replicate.numpy as rnp
+    >>> flatten(rnp.zeros((2, 3, 4, 5))).shape, flatten(rnp.zeros((2, 3, 4, 5)), 0, 1).shape
+    ((2, 60), (6, 4, 5))
+    """
+    x = rnp.as_array(x)
+    n = max(x.ndim, 1)
+    start, end = (d + n if d < 0 else d for d in (int(start_dim), int(end_dim)))
+    if not (0 <= start < n and 0 <= end < n) or start > end:
+        raise ReplicateError(f"flatten: dims {start_dim}..{end_dim} do not fit shape {x.shape}")
+    if x.ndim == 0:
+        return rnp.reshape(x, (1,))
+    merged = int(np.prod(x.shape[start:end + 1]))
+    return rnp.reshape(x, x.shape[:start] + (merged,) + x.shape[end + 1:])

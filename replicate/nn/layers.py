@@ -11,7 +11,7 @@ from ..context import num_replicas
 from ..errors import ReplicateError
 from ..state import Variable
 from . import init
-from .functional import upsample
+from .functional import flatten, upsample
 from .module import Module
 
 
@@ -197,8 +197,12 @@ class Dropout(Module):
 
 
 class Flatten(Module):
-    """Flatten all but the batch axis."""
+    """Merge the axes ``start_dim`` to ``end_dim`` into one, as ``torch.nn.Flatten``; the
+    default flattens all but the batch axis (``rp.nn.flatten``)."""
+
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x):
-        x = rnp.as_array(x)
-        return rnp.reshape(x, (x.shape[0], -1))
+        return flatten(x, self.start_dim, self.end_dim)
