@@ -33,6 +33,16 @@ from ..errors import DTypeError as _DTypeError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
+from ._arrayapi import (
+    broadcast_arrays,
+    can_cast,
+    concat,
+    masked_fill,
+    matrix_transpose,
+    permute_dims,
+    result_type,
+    vecdot,
+)
 from ._base import as_array, cast
 from ._creation import (
     arange,
