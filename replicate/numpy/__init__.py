@@ -138,7 +138,7 @@ def _install_operators(cls):
         "argmax": argmax, "argmin": argmin, "reshape": lambda self, *s: reshape(
             self, s[0] if len(s) == 1 else s),
         "transpose": lambda self, *axes: transpose(self, axes or None),
-        "astype": cast, "ravel": ravel, "squeeze": squeeze,
+        "astype": astype, "ravel": ravel, "squeeze": squeeze,
     }
     for name, fn in ops.items():
         setattr(cls, name, fn)
