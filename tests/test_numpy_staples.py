@@ -143,7 +143,7 @@ def test_full_like_of_a_traced_fill_value():
 def test_empty_eye():
     assert rnp.empty((2, 3)).dtype == np.float32 and not rnp.empty((2, 3)).numpy().any()
     same(_np(rnp.empty((0, 2), "int64")), np.empty((0, 2), "int64"))
-    for n, m, k in [(3, None, 0), (2, 4, 1), (4, 2, -1), (3, 3, 5), (0, 2, 0)]:
+    for n, m, k in [(3, None, 0), (2, 4, 1), (3, 2, 0), (4, 2, -1), (3, 3, 5), (0, 2, 0)]:
         same(_np(rnp.eye(n, m, k)), np.eye(n, m, k, dtype="float32"))
         same(_np(rnp.eye(n, M=m, k=k, dtype="int32")), np.eye(n, m, k, dtype="int32"))
 
@@ -242,6 +242,7 @@ def test_astype(mode, dtype, to):
     for copy in (True, False):
         same(run(lambda a: rnp.astype(a, to, copy=copy), [x], mode), x.astype(to, copy=copy))
         same(run(lambda a: a.astype(to, copy=copy), [x], mode), x.astype(to))
+    same(run(lambda a: rnp.astype(a, to), [x], mode), x.astype(to))
 
 
 def _descending_argsort_ref(x, axis):
