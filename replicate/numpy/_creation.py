@@ -87,6 +87,9 @@ def eye(n, M=None, k=0, dtype=DEFAULT_FLOAT):
     [[0, 1, 0], [0, 0, 1]]
     """
     n = _static_int(n, "eye's n")
+    if M is not None and not isinstance(M, (numbers.Integral, np.integer)):
+        raise ReplicateError(f"eye's M is the column count, an int, got {M!r} (the dtype is "
+                             "the keyword dtype=, as NumPy's)")
     M = n if M is None else _static_int(M, "eye's M")
     return concrete(np.eye(n, M, _static_int(k, "eye's k"), dtype=dtype))
 
