@@ -699,7 +699,12 @@ CREATION = [
     ("arange", lambda: rnp.arange(5), lambda: np.arange(5)),
     ("arange", lambda: rnp.arange(1, 7, 2, dtype=np.float32),
      lambda: np.arange(1, 7, 2, dtype=np.float32)),
-    ("eye", lambda: rnp.eye(3, np.float64), lambda: np.eye(3)),
+    ("eye", lambda: rnp.eye(3, dtype=np.float64), lambda: np.eye(3)),
+    ("eye", lambda: rnp.eye(2, 4, k=1, dtype=np.int32), lambda: np.eye(2, 4, 1, dtype=np.int32)),
+    ("empty", lambda: rnp.empty((2, 3), np.int64), lambda: np.zeros((2, 3), np.int64)),
+    ("linspace", lambda: rnp.linspace(0, 1, 5), lambda: np.linspace(0, 1, 5)),
+    ("linspace", lambda: rnp.linspace(-1, 2, 4, endpoint=False, dtype=np.float32),
+     lambda: np.linspace(-1, 2, 4, endpoint=False, dtype=np.float32)),
     ("asarray", lambda: rnp.asarray([[1, 2], [3, 4]]), lambda: np.asarray([[1, 2], [3, 4]])),
     ("asarray", lambda: rnp.asarray([1.0, 2.0], np.float32),
      lambda: np.asarray([1.0, 2.0], np.float32)),
@@ -714,6 +719,35 @@ for name, op, ref in [("zeros_like", rnp.zeros_like, np.zeros_like),
     case(name, lambda x, op=op: op(x, dtype=np.int64) + x, lambda x, ref=ref: ref(x, np.int64) + x,
          In((3,), F64), label="dtype+x")
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=False)
+# the staples (issue 30; tests/test_numpy_staples.py has the dtype sweeps and the errors)
+case("tril", lambda x: rnp.tril(x, 1), lambda x: np.tril(x, 1), In((3, 4)))
+case("triu", lambda x: rnp.triu(x, -1), lambda x: np.triu(x, -1), In((2, 3, 3)))
+case("triu", rnp.triu, np.triu, In((3,), I64))
+case("meshgrid", lambda a, b: rnp.meshgrid(a, b), lambda a, b: np.meshgrid(a, b), In((2,)),
+     In((3,)))
+case("meshgrid", lambda a, b: rnp.meshgrid(a, b, indexing="ij", sparse=True),
+     lambda a, b: np.meshgrid(a, b, indexing="ij", sparse=True), In((2,)), In((3,), I32))
+case("full_like", lambda x: rnp.full_like(x, 2.5) + x, lambda x: np.full_like(x, 2.5) + x,
+     In((2, 3)))
+case("full_like", lambda x: rnp.full_like(x, 2.5), lambda x: np.full_like(x, 2.5), In((3,), I32))
+case("broadcast_arrays", lambda a, b: rnp.broadcast_arrays(a, b),
+     lambda a, b: np.broadcast_arrays(a, b), In((2, 1)), In((3,)))
+case("result_type", lambda x: rnp.astype(x, rnp.result_type(x, np.float32, 1.0)),
+     lambda x: x.astype(np.result_type(x, np.float32, 1.0)), In((3,), I32), grad=False)
+case("can_cast", lambda x: rnp.where(rnp.can_cast(x, np.int8), x, -x),
+     lambda x: np.where(np.can_cast(x, np.int8), x, -x), In((3,), I32), grad=False)
+case("masked_fill", lambda x, m: rnp.masked_fill(x, m, 0.5), lambda x, m: np.where(m, 0.5, x),
+     In((2, 3)), In((3,), "bool"))
+case("masked_fill", lambda x, v: rnp.masked_fill(x, np.array([True, False]), v),
+     lambda x, v: np.where([True, False], v, x), In((3, 2)), In(()), label="array value")
+case("concat", lambda a, b: rnp.concat([a, b], axis=None),
+     lambda a, b: np.concatenate([a, b], None), In((2, 3)), In((3,)))
+case("permute_dims", lambda x: rnp.permute_dims(x, (1, 2, 0)),
+     lambda x: np.transpose(x, (1, 2, 0)), In((2, 3, 4)))
+case("matrix_transpose", rnp.matrix_transpose, np.matrix_transpose, In((2, 3, 4)))
+case("vecdot", rnp.vecdot, np.vecdot, In((2, 4)), In((4,)))
+case("vecdot", lambda a, b: rnp.vecdot(a, b, axis=0), lambda a, b: np.vecdot(a, b, axis=0),
+     In((3, 2), I32), In((3, 1), I32))
 case("from_dlpack", rnp.from_dlpack, lambda x: x, In((2, 3)))  # (foreign arrays: test_interop)
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((), I32), grad=False)
 
@@ -1142,7 +1176,7 @@ def test_every_differentiable_op_has_a_gradient_case():
                           "invert", "bitwise_not",
                           "isfinite", "floor_divide", "one_hot", "stop_gradient", "arange", "eye",
                           "zeros", "ones", "full", "asarray", "array", "as_array", "astype",
-                          "argsort"}
+                          "argsort", "empty", "linspace", "result_type", "can_cast"}
     public = {n for n in rnp.__all__ if callable(getattr(rnp, n))
               and not isinstance(getattr(rnp, n), type)}
     with_grad = {part for c in GRAD_CASES for part in c.op.split("+")}

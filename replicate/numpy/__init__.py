@@ -33,7 +33,32 @@ from ..errors import DTypeError as _DTypeError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
+from ._arrayapi import (
+    broadcast_arrays,
+    can_cast,
+    concat,
+    masked_fill,
+    matrix_transpose,
+    permute_dims,
+    result_type,
+    vecdot,
+)
 from ._base import as_array, cast
+from ._creation import (
+    arange,
+    empty,
+    eye,
+    full,
+    full_like,
+    linspace,
+    meshgrid,
+    ones,
+    ones_like,
+    tril,
+    triu,
+    zeros,
+    zeros_like,
+)
 from ._elementwise import *  # noqa: F403  (every op wrapper; its __all__ lists them)
 from ._linalg import avg_pool2d, conv2d, conv_transpose2d, dot, einsum, matmul, max_pool2d
 from ._reductions import (
@@ -52,20 +77,15 @@ from ._reductions import (
 )
 from ._reorder import argsort, flip, repeat, roll, sort, tile, top_k
 from ._shape import (
-    arange,
     array,
     asarray,
     broadcast_to,
     concatenate,
     expand_dims,
-    eye,
     from_dlpack,
-    full,
     getitem,
     moveaxis,
     one_hot,
-    ones,
-    ones_like,
     pad,
     ravel,
     reshape,
@@ -76,8 +96,6 @@ from ._shape import (
     take,
     take_along_axis,
     transpose,
-    zeros,
-    zeros_like,
 )
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
@@ -120,7 +138,7 @@ def _install_operators(cls):
         "argmax": argmax, "argmin": argmin, "reshape": lambda self, *s: reshape(
             self, s[0] if len(s) == 1 else s),
         "transpose": lambda self, *axes: transpose(self, axes or None),
-        "astype": cast, "ravel": ravel, "squeeze": squeeze,
+        "astype": astype, "ravel": ravel, "squeeze": squeeze,
     }
     for name, fn in ops.items():
         setattr(cls, name, fn)

@@ -1,4 +1,4 @@
-"""Elementwise ops with NumPy broadcasting and dtype promotion."""
+"""Elementwise ops, NumPy broadcasting and promotion; re-exported by rnp (``__all__`` computed)."""
 
 from __future__ import annotations
 
@@ -389,11 +389,12 @@ def stop_gradient(x):
     return bind("stop_gradient", as_array(x))
 
 
-def astype(x, dtype):
+def astype(x, dtype, copy=True):
+    """The Array API's ``astype``: ``cast`` (``copy`` is moot, Arrays being immutable).
+    >>> __import__("replicate.numpy").numpy.astype([1.5, -2.5], "int8", copy=False).tolist()
+    [1, -2]"""
     return cast(x, dtype)
 
 
-# every public function of this module is re-exported by ``replicate.numpy``: a new op's wrapper
-# needs no second edit there
 __all__ = sorted(n for n, v in list(globals().items()) if not n.startswith("_")
                  and callable(v) and getattr(v, "__module__", None) == __name__)

@@ -123,22 +123,35 @@ def mean(x, axis=None, keepdims=False):
     return divide(sum(x, axis, keepdims), float(_count(x, axis)))
 
 
-def var(x, axis=None, keepdims=False, ddof=0):
+def _ddof(ddof, correction):
+    """``correction`` (the Array API's name) as ``ddof``; both given is NumPy 2's ValueError."""
+    if correction is None:
+        return ddof
+    if ddof != 0:
+        raise ValueError("var/std: ddof and correction can't be provided simultaneously")
+    return correction
+
+
+def var(x, axis=None, keepdims=False, ddof=0, *, correction=None):
     """Variance over ``axis``: the sum of squared deviations over ``max(n - ddof, 0)``, as
-    NumPy (``ddof`` >= the count gives inf, or NaN where every deviation is 0).
+    NumPy (``ddof`` >= the count gives inf, or NaN where every deviation is 0). ``correction``
+    is the Array API's name of ``ddof`` (NumPy 2 takes either, not both).
 
     >>> import replicate.numpy as rnp
     >>> float(rnp.var(rnp.asarray([1.0, 3.0]))), float(rnp.var(rnp.asarray([1.0, 3.0]), ddof=3))
     (1.0, inf)
+    >>> float(rnp.var(rnp.asarray([1.0, 3.0]), correction=1))
+    2.0
     """
+    ddof = _ddof(ddof, correction)
     x = wide_operand(float_operand(x))
     centred = subtract(x, mean(x, axis, keepdims=True))
     count = builtins.max(_count(x, axis) - ddof, 0)
     return divide(sum(multiply(centred, centred), axis, keepdims), float(count))
 
 
-def std(x, axis=None, keepdims=False, ddof=0):
-    """Standard deviation, ``sqrt(var(x, axis, keepdims, ddof))``.
+def std(x, axis=None, keepdims=False, ddof=0, *, correction=None):
+    """Standard deviation, ``sqrt(var(x, axis, keepdims, ddof))`` (``correction``: ``ddof``).
 
     Gradient: where the spread is zero (every value equal) it is 0 — the derivative along every
     direction that keeps the spread zero, and the subgradient of the cone ``std`` is there — not
@@ -149,7 +162,7 @@ def std(x, axis=None, keepdims=False, ddof=0):
     >>> float(rnp.std(x)), rp.grad(rnp.std(x), x).tolist()
     (0.0, [0.0, 0.0])
     """
-    v = var(x, axis, keepdims, ddof)
+    v = var(x, axis, keepdims, _ddof(ddof, correction))
     spread = greater(v, 0.0)
     # sqrt's gradient at the positive variances only; elsewhere the value, with no gradient
     return where(spread, sqrt(where(spread, v, 1.0)), stop_gradient(sqrt(v)))

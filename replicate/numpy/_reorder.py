@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ReplicateError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array
+from ._elementwise import subtract
 from ._shape import (
     _axis,
     broadcast_to,
@@ -41,33 +42,48 @@ def _static_ints(v, what):
     return a
 
 
-def sort(x, axis=-1):
+def sort(x, axis=-1, descending=False, stable=True):
     """``x`` sorted along ``axis`` (the flattened array when None), stable, NaNs last: as
     ``np.sort(x, axis, kind="stable")``. A primitive; its gradient sends each sorted value's
-    cotangent back to the entry it came from.
+    cotangent back to the entry it came from. ``descending`` (the Array API's keyword): largest
+    first, NaNs first, equal entries in their order (the ascending sort of ``x`` reversed along
+    ``axis``, reversed); ``stable`` is accepted (the sort always is).
 
     >>> import replicate.numpy as rnp
     >>> rnp.sort(rnp.asarray([[3.0, 1.0, 2.0]])).tolist()
     [[1.0, 2.0, 3.0]]
+    >>> rnp.sort(rnp.asarray([3.0, 1.0, 2.0]), descending=True).tolist()
+    [3.0, 2.0, 1.0]
     """
     x = as_array(x)
     if axis is None:
         x, axis = ravel(x), 0
-    return bind("sort", x, axis=_axis(axis, x.ndim, "sort"))
+    axis = _axis(axis, x.ndim, "sort")
+    if descending:
+        return flip(bind("sort", flip(x, axis), axis=axis), axis)
+    return bind("sort", x, axis=axis)
 
 
-def argsort(x, axis=-1):
+def argsort(x, axis=-1, descending=False, stable=True):
     """The indices that sort ``x`` along ``axis`` (the flattened array when None), stable: equal
     entries keep their order, NaNs last (``np.argsort(x, axis, kind="stable")``). A primitive.
+    ``descending`` (the Array API's keyword): largest first, NaNs first, equal entries still in
+    their order (``n - 1 -`` the ascending indices of ``x`` reversed, reversed).
 
     >>> import replicate.numpy as rnp
     >>> rnp.argsort(rnp.asarray([2, 1, 2, 0])).tolist()
     [3, 1, 0, 2]
+    >>> rnp.argsort(rnp.asarray([2, 1, 2, 0]), descending=True).tolist()
+    [0, 2, 1, 3]
     """
     x = as_array(x)
     if axis is None:
         x, axis = ravel(x), 0
-    return bind("argsort", x, axis=_axis(axis, x.ndim, "argsort"))
+    axis = _axis(axis, x.ndim, "argsort")
+    if descending:
+        order = flip(bind("argsort", flip(x, axis), axis=axis), axis)
+        return subtract(np.int64(x.shape[axis] - 1), order)
+    return bind("argsort", x, axis=axis)
 
 
 def top_k(x, k):

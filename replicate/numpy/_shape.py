@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import DTypeError, IndexOutOfRangeError, ReplicateError
+from ..errors import DTypeError, IndexOutOfRangeError, ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array, cast, from_foreign, norm_axes, promote, static_axis
 from ._elementwise import equal
@@ -41,57 +41,6 @@ def from_dlpack(x) -> Array:
     if not hasattr(x, "__dlpack__"):
         raise ReplicateError(f"from_dlpack: {type(x).__name__} has no __dlpack__")
     return as_array(from_foreign(x))
-
-
-# the default float of zeros/ones/eye/full(float) (float32: JAX, PyTorch; NumPy's is float64)
-DEFAULT_FLOAT = np.dtype(np.float32)
-
-
-def zeros(shape, dtype=DEFAULT_FLOAT):
-    """Zeros; float32 unless ``dtype`` is given (NumPy: float64; ``replicate.numpy``)."""
-    return concrete(np.zeros(shape, dtype))
-
-
-def ones(shape, dtype=DEFAULT_FLOAT):
-    """An array of ones; float32 unless ``dtype`` is given (NumPy's default is float64)."""
-    return concrete(np.ones(shape, dtype))
-
-
-def full(shape, fill_value, dtype=None):
-    """An array of ``fill_value``, by default of its dtype: bool, int64 for a Python int, float32
-    for a Python float (NumPy: float64), a NumPy scalar's own — PyTorch's rule; never rounded.
-
-    >>> import replicate.numpy as rnp
-    >>> [rnp.full((2,), v).dtype.name for v in (True, 16777217, 0.5)]
-    ['bool', 'int64', 'float32']
-    >>> rnp.full((2,), 16777217).tolist()
-    [16777217, 16777217]
-    """
-    value = as_array(fill_value)  # refuses what is not a supported array or number
-    if dtype is None:
-        dtype = DEFAULT_FLOAT if type(fill_value) is float else value.dtype
-    # a Python number as it is: NumPy refuses one out of the dtype's range (300 in int8)
-    fill = fill_value if isinstance(fill_value, numbers.Number) else value.value
-    return concrete(np.full(shape, fill, dtype))
-
-
-def zeros_like(x, dtype=None):
-    x = as_array(x)
-    return zeros(x.shape, dtype or x.dtype)
-
-
-def ones_like(x, dtype=None):
-    x = as_array(x)
-    return ones(x.shape, dtype or x.dtype)
-
-
-def arange(*args, dtype=None):
-    return concrete(np.arange(*args, dtype=dtype))
-
-
-def eye(n, dtype=DEFAULT_FLOAT):
-    """The ``n`` by ``n`` identity; float32 unless ``dtype`` is given (NumPy: float64)."""
-    return concrete(np.eye(n, dtype=dtype))
 
 
 # -- shapes -----------------------------------------------------------------------------------
@@ -192,10 +141,12 @@ def squeeze(x, axis=None):
 
 
 def concatenate(xs, axis=0):
-    """Join arrays along an existing axis."""
+    """Join arrays along an existing axis (the flattened arrays when ``axis`` is None)."""
     if not len(xs):
         raise ReplicateError("concatenate needs at least one array")
     xs = promote(*xs)
+    if axis is None:  # NumPy's: the arrays flattened
+        xs, axis = [ravel(x) for x in xs], 0
     if len(xs) == 1:
         return xs[0]
     (axis,) = norm_axes(axis, xs[0].ndim)
@@ -211,16 +162,24 @@ def stack(xs, axis=0):
 
 
 def split(x, indices_or_sections, axis=0):
-    """Split into a list of sub-arrays (equal sections, or at the given indices)."""
+    """Split into a list of sub-arrays, as ``np.split``: ``indices_or_sections`` equal sections
+    (a ``ShapeError``, a ``ValueError``, when they are not equal) or slices between the given
+    indices. Slices, so each piece's gradient goes back to its place.
+
+    >>> import replicate.numpy as rnp
+    >>> [p.tolist() for p in rnp.split(rnp.arange(5), [2, 3])]
+    [[0, 1], [2], [3, 4]]
+    """
     x = as_array(x)
     axis = _axis(axis, x.ndim, "split")
     n = x.shape[axis]
     if isinstance(indices_or_sections, numbers.Integral):
         if indices_or_sections <= 0:
-            raise ReplicateError(f"split: the number of sections must be positive, got "
-                                 f"{indices_or_sections}")
+            raise ShapeError(f"split: the number of sections must be positive, got "
+                             f"{indices_or_sections}")
         if n % indices_or_sections:
-            raise ReplicateError(f"split: {n} is not divisible into {indices_or_sections} sections")
+            raise ShapeError(f"split: {n} is not divisible into {indices_or_sections} sections "
+                             "(NumPy's ValueError: an unequal division)")
         step = n // indices_or_sections
         bounds = list(range(0, n + 1, step)) if step else [0] * (indices_or_sections + 1)
     else:
