@@ -352,7 +352,8 @@ def test_every_fusible_primitive_and_dtype_is_run(host_run):
         assert {f"cast_{dtype.name}_to_{t.name}" for t in TARGETS} <= run
     for prim in fusible - {"cast"}:
         takes = {"_logical": ("bool",), "_logical_not": ("bool",),  # bools only; invert: ints
-                 "_unary_integer": ("int32", "int64")}.get(
+                 "_unary_integer": ("int32", "int64"), "_shift": ("int32", "int64"),
+                 "_bitwise": ("int32", "int64", "bool")}.get(
             REGISTRY[prim].shape_rule.__name__, ("float16", "float32", "float64"))
         assert {f"{prim}_{d}" for d in takes} <= run, prim
     assert set(CTYPE) - {"uint32"} <= {t.name for t in TARGETS}  # no uint32 values in graphs

@@ -71,9 +71,12 @@ def _numeric(x, y):
 
 
 def _integer(x, y):
-    k = iter(range(1, 10))
+    k, j = iter(range(1, 10)), iter(range(1, 10))
     a = lambda: x + x.dtype.type(next(k) % 3)  # noqa: E731 - small bases
-    return [a() // y, rnp.power(a(), rnp.abs(y)), ~a()]  # integer pow: by squaring; bitwise not
+    b = lambda: x - x.dtype.type(next(j))  # noqa: E731 - a distinct input per op, negatives too
+    return [a() // y, rnp.power(a(), rnp.abs(y)), ~a(),  # integer pow: by squaring; bitwise not
+            b() & y, b() | y, b() ^ y, b() << y, b() >> y,  # y < 0: every bit shifted out
+            b() << (y * 20), b() >> (y * 13)]  # counts past the width: 0 or -1, as NumPy
 
 
 def _boolean(x, y):

@@ -1,14 +1,16 @@
 """The op namespace gives NumPy's dtypes and values, the class closed (issue 30).
 
-* The table: every elementwise function of ``replicate.numpy`` (the module ``_elementwise``,
-  whose ``__all__`` is computed, so a new op is in the table without an edit; and every
+* The table: every elementwise function of ``replicate.numpy`` (the modules ``_elementwise``,
+  whose ``__all__`` is computed, so a new op is in the table without an edit, and ``_bitwise``;
+  and every
   elementwise primitive of the registry must be reached by one of them), for every input
   dtype (bool, int8, uint8, int32, int64, float16, float32, float64), gives NumPy's result
   dtype and values — or refuses where NumPy refuses — in eager mode, in graph mode on the
   numpy, jax and cupy (the stand-in without a GPU) backends, and constant-folded. Where the
   project deliberately differs, ``DIFFERS`` says so and why.
-* The single fixes: ``~`` (bitwise not of integers, not ``logical_not``), ``&``/``|`` on
-  integers refused, ``full``'s dtype from its fill value, a 0-d boolean index.
+* The single fixes: ``~`` (bitwise not of integers, not ``logical_not``), ``&``/``|``/``^``/
+  ``<<``/``>>`` NumPy's bitwise ops (shifts by any count), ``full``'s dtype from its fill value,
+  a 0-d boolean index.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import replicate as rp
 import replicate.numpy as rnp
 from replicate.backends import available
 from replicate.graph.primitives import REGISTRY
-from replicate.numpy import _elementwise
+from replicate.numpy import _bitwise, _elementwise
 
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
 FLOATS = ("float16", "float32", "float64")
@@ -82,7 +84,7 @@ DIFFERS = {
 def functions() -> dict:
     """name -> (rnp function, NumPy reference, number of array operands)."""
     table = {}
-    for name in _elementwise.__all__:
+    for name in [*_elementwise.__all__, *_bitwise.__all__]:
         fn = getattr(rnp, name)
         required = [p for p in inspect.signature(fn).parameters.values()
                     if p.default is inspect.Parameter.empty]
@@ -246,14 +248,63 @@ def test_invert_is_bitwise_not_of_integers_and_logical_not_of_bools(mode):
         assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
 
 
-def test_and_or_of_integers_are_refused_not_logical():
-    """``&``/``|`` are NumPy's bitwise ops: logical for bools, refused for integers (no bitwise
-    ops yet) rather than silently logical; ``logical_and`` reads numbers as truth values."""
-    a = rnp.asarray([1, 2])
-    for op in (lambda: a & a, lambda: a | rnp.asarray([True, False])):
-        with pytest.raises(rp.DTypeError, match="only the logical op of bools"):
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
+def test_bitwise_ops_and_shifts_by_any_count_are_numpys(mode, dtype):
+    """``&``, ``|``, ``^``, ``<<``, ``>>`` (and reflected) were refused on integers. Shifts are
+    NumPy's at every count: by the width or more, or by a negative count, every bit is shifted out
+    (0, or -1 for a right shift of a negative number), where C's shift is undefined."""
+    info = np.iinfo(dtype)
+    edges = np.array(sorted(v for v in {info.min, info.min + 1, -7, -1, 0, 1, 2, 7, info.max}
+                            if info.min <= v <= info.max), dtype)
+    counts = np.array([c for c in (-100, -9, -1, 0, 1, 7, 8, 9, 15, 16, 31, 32, 33, 63, 64, 65,
+                                   100) if info.min <= c <= info.max], dtype)
+    a, b = (v.reshape(-1) for v in np.meshgrid(edges, counts))
+    c = np.resize(edges[::-1], a.size)
+    def fn(a, b, c, xp=rnp):
+        return (a & c, a | c, a ^ c, a << b, a >> b, xp.bitwise_and(a, 6), 5 & a, 5 | a, 5 ^ a,
+                3 << b, 100 >> b, a << 1, c >> 2, xp.bitwise_left_shift(a, b),
+                xp.bitwise_right_shift(a, b), xp.left_shift(c, b), xp.right_shift(c, b))
+
+    if mode == "eager":
+        got = fn(*map(rnp.asarray, (a, b, c)))
+    elif mode == "folded":
+        got = rp.function(lambda: fn(*map(rnp.asarray, (a, b, c))))()
+    else:
+        got = rp.function(fn, backend=mode.split("-", 1)[1])(a, b, c)
+    want = fn(a, b, c, xp=np)
+    for k, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g)
+        assert g.dtype == w.dtype and np.array_equal(g, w), (k, g, w)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bitwise_ops_of_bools_are_logical_and_shifts_make_them_int8(mode):
+    """``&``/``|``/``^`` of bools are the logical ops (bool); shifts of bools are int8 (NumPy);
+    a bool with an integer promotes as NumPy."""
+    p, q = np.array([True, True, False, False]), np.array([True, False, True, False])
+    n = np.array([3, -1, 0, 7], np.int8)
+    def fn(p, q, n, xp=rnp):
+        return p & q, p | q, p ^ q, p << q, p >> q, p & n, q | 2, xp.bitwise_xor(p, True), True ^ p
+
+    if mode == "eager":
+        got = fn(*map(rnp.asarray, (p, q, n)))
+    elif mode == "folded":
+        got = rp.function(lambda: fn(*map(rnp.asarray, (p, q, n))))()
+    else:
+        got = rp.function(fn, backend=mode.split("-", 1)[1])(p, q, n)
+    want = fn(p, q, n, xp=np)
+    for k, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g)
+        assert g.dtype == w.dtype and np.array_equal(g, w), (k, g, w)
+
+
+def test_bitwise_ops_of_floats_are_refused():
+    f, i = rnp.asarray([1.0, 2.0]), rnp.asarray([1, 2])
+    for op in (lambda: f & i, lambda: i | 1.5, lambda: f << 1, lambda: rnp.right_shift(i, f)):
+        with pytest.raises(rp.DTypeError, match="needs integers or bools"):
             op()
-    assert rnp.logical_and(a, rnp.asarray([0, 3])).tolist() == [False, True]
+    assert rnp.logical_and(i, rnp.asarray([0, 3])).tolist() == [False, True]
 
 
 @pytest.mark.parametrize("fill, dtype", [(True, "bool"), (16777217, "int64"), (0.5, "float32"),

@@ -326,6 +326,21 @@ for dtype in (I32, I64, BOOL):  # ~ is NumPy's: bitwise not of integers, logical
          lambda x: (np.invert(x), np.invert(x), ~x), In((7,), dtype, "edges"))
 case("invert", lambda x: ~rnp.cast(x, "uint8"), lambda x: ~x.astype(np.uint8),
      In((5,), I32, "class256"), label="uint8")
+BITWISE = "bitwise_and+bitwise_or+bitwise_xor+left_shift+right_shift"
+for dtype in (I32, I64):  # every pair of edges (shifts by negative counts and past the width too)
+    case(BITWISE, lambda a, b: (rnp.bitwise_and(a, b), rnp.bitwise_or(a, b), rnp.bitwise_xor(a, b),
+                                rnp.left_shift(a, b), rnp.right_shift(a, b)),
+         lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b), In((7, 1), dtype, "edges"),
+         In((1, 7), dtype, "edges"), label="edges", grad=False)
+    case(BITWISE, lambda a, b: (a & b, a | b, a ^ b, a << (b % 70 - 3), a >> (b % 70 - 3)),
+         lambda a, b: (a & b, a | b, a ^ b, a << (b % 70 - 3), a >> (b % 70 - 3)),
+         In((4, 3), dtype, "int"), In((3,), dtype, "class200"), label="operators", grad=False)
+case("bitwise_left_shift+bitwise_right_shift", lambda a: (rnp.bitwise_left_shift(a, 3),
+                                                          rnp.bitwise_right_shift(a, 3), 1 << a),
+     lambda a: (a << 3, a >> 3, 1 << a), In((5,), I32, "class40"), grad=False)
+case(BITWISE, lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b),
+     lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b), In((4,), BOOL), In((4,), BOOL),
+     label="bools", grad=False)
 case("logical_and+logical_or+logical_not", lambda a, b: (a & b) | ~a,
      lambda a, b: (a & b) | ~a, In((4,), BOOL), In((4,), BOOL), label="operators")
 
@@ -1173,7 +1188,9 @@ def test_every_public_op_is_covered():
 def test_every_differentiable_op_has_a_gradient_case():
     not_differentiable = {"argmax", "argmin", "equal", "not_equal", "less", "less_equal",
                           "greater", "greater_equal", "logical_and", "logical_or", "logical_not",
-                          "invert", "bitwise_not",
+                          "invert", "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor",
+                          "left_shift", "right_shift", "bitwise_left_shift",
+                          "bitwise_right_shift",
                           "isfinite", "floor_divide", "one_hot", "stop_gradient", "arange", "eye",
                           "zeros", "ones", "full", "asarray", "array", "as_array", "astype",
                           "argsort", "empty", "linspace", "result_type", "can_cast"}

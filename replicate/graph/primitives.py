@@ -31,6 +31,7 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _binary,
     _binary_float,
     _binary_signed,
+    _bitwise,
     _broadcast_to,
     _cast,
     _compare,
@@ -50,6 +51,7 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _scan,
     _scatter_add,
     _select,
+    _shift,
     _sort,
     _top_k,
     _transpose,
@@ -170,6 +172,16 @@ for _name, _op in (("logical_and", "&&"), ("logical_or", "||")):
 declare("logical_not", ELEMENTWISE, _logical_not, differentiable=False, cuda="(!{a})")
 # bitwise not of an integer (C promotes a char to int: the cast takes it back)
 declare("invert", ELEMENTWISE, _unary_integer, differentiable=False, cuda="(({t})(~{a}))")
+for _name, _op in (("bitwise_and", "&"), ("bitwise_or", "|"), ("bitwise_xor", "^")):
+    declare(_name, ELEMENTWISE, _bitwise, differentiable=False,
+            cuda=f"(({{t}})({{a}} {_op} {{b}}))")
+# NumPy's shifts: a count outside [0, bits) gives 0 (left; right: -1 for a negative operand),
+# where C's is undefined; a left shift in unsigned 64 bits (no signed overflow), truncated
+_OUT = "(({b}) < 0 || ({b}) >= 8 * (long long)sizeof({t}))"
+declare("left_shift", ELEMENTWISE, _shift, differentiable=False,
+        cuda=f"({_OUT} ? ({{t}})0 : ({{t}})((unsigned long long)({{a}}) << ({{b}})))")
+declare("right_shift", ELEMENTWISE, _shift, differentiable=False,
+        cuda=f"({_OUT} ? ({{t}})(({{a}}) < 0 ? -1 : 0) : ({{t}})(({{a}}) >> ({{b}})))")
 declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative: 0 almost anywhere
         cuda="({a} != {a} ? {a} : ({t})(({a} > 0) - ({a} < 0)))")  # sign(NaN) is NaN
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")

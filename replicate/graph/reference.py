@@ -166,6 +166,8 @@ ROWS = {
     "le": _same("less_equal"), "gt": _same("greater"), "ge": _same("greater_equal"),
     "logical_and": _same("logical_and"), "logical_or": _same("logical_or"),
     "logical_not": _same("logical_not"), "invert": _same("invert"),
+    **{name: _same(name) for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift",
+                                      "right_shift")},
     "select": _same("where"),
     "cast": lambda xp: lambda x, dtype: xp.asarray(x).astype(dtype),
     "stop_gradient": lambda xp: lambda x: x,

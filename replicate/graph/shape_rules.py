@@ -46,6 +46,20 @@ def _unary_integer(a, **_):
     return a
 
 
+def _bitwise(a, b, **_):
+    """bitwise_and/or/xor: integers or bools, one dtype (the wrapper promotes, as NumPy)."""
+    if a.dtype.kind not in "biu" or b.dtype.kind not in "biu":
+        raise DTypeError(f"bitwise ops need integer or bool operands, got {a.dtype} and {b.dtype}")
+    return _binary(a, b)
+
+
+def _shift(a, b, **_):
+    """left_shift/right_shift: integers only (the wrapper makes bools int8, as NumPy)."""
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
+        raise DTypeError(f"shifts need integer operands, got {a.dtype} and {b.dtype}")
+    return _binary(a, b)
+
+
 def _logical_not(a, **_):
     if a.dtype != bool:
         raise DTypeError("logical ops need bool operands")

@@ -18,8 +18,8 @@ every dtype against NumPy, and lists these):
 * ``round``, ``floor`` and ``ceil`` return integers and bools as they are (NumPy's ``round``
   makes bools float16); an integer divided by 0 is 0 (``reciprocal`` too, where NumPy's value
   depends on the platform); float ``floor_divide`` is refused;
-* ``~`` is bitwise not of integers and logical not of bools; ``&`` and ``|`` are the logical
-  ops of bools and refused on integers (no bitwise ops yet).
+* ``~`` is bitwise not of integers and logical not of bools; ``&``, ``|``, ``^``, ``<<`` and
+  ``>>`` are NumPy's bitwise ops (``&`` of bools is logical and, a bool).
 
 >>> [rnp.full((), v).dtype.name for v in (True, 3, 0.5)], rnp.exp(rnp.asarray(True)).dtype
 (['bool', 'int64', 'float32'], dtype('float16'))
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import numpy as _np
 
-from ..errors import DTypeError as _DTypeError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
@@ -44,6 +43,15 @@ from ._arrayapi import (
     vecdot,
 )
 from ._base import as_array, cast
+from ._bitwise import (
+    bitwise_and,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
+    left_shift,
+    right_shift,
+)
 from ._creation import (
     arange,
     empty,
@@ -109,19 +117,6 @@ def _install_operators(cls):
     def swap(fn):
         return lambda self, other: fn(other, self)
 
-    def logical_only(fn, symbol):
-        """``&``/``|``: NumPy's bitwise and/or, which for bools is the logical op; on integers
-        they are refused (bitwise ops are not implemented), never silently logical."""
-        def op(self, other):
-            a, b = as_array(self), as_array(other)
-            if a.dtype != _np.bool_ or b.dtype != _np.bool_:
-                raise _DTypeError(f"{symbol} of {a.dtype} and {b.dtype}: {symbol} is only the "
-                                  "logical op of bools here (bitwise ops of integers are not "
-                                  "implemented; rnp.logical_and/logical_or read numbers as "
-                                  "truth values)")
-            return fn(a, b)
-        return op
-
     ops = {
         "__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
         "__pow__": power, "__matmul__": matmul, "__floordiv__": floor_divide, "__mod__": mod,
@@ -130,7 +125,10 @@ def _install_operators(cls):
         "__rmod__": swap(mod), "__rfloordiv__": swap(floor_divide),
         "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
         "__eq__": equal, "__ne__": not_equal,
-        "__and__": logical_only(logical_and, "&"), "__or__": logical_only(logical_or, "|"),
+        "__and__": bitwise_and, "__or__": bitwise_or, "__xor__": bitwise_xor,
+        "__lshift__": left_shift, "__rshift__": right_shift,
+        "__rand__": swap(bitwise_and), "__ror__": swap(bitwise_or), "__rxor__": swap(bitwise_xor),
+        "__rlshift__": swap(left_shift), "__rrshift__": swap(right_shift),
         "__invert__": invert,
         "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
         "__getitem__": getitem,
@@ -157,4 +155,6 @@ _register_op_namespace(
     {_np.add: add, _np.subtract: subtract, _np.multiply: multiply, _np.divide: divide,
      _np.power: power, _np.matmul: matmul, _np.floor_divide: floor_divide, _np.remainder: mod,
      _np.less: less, _np.less_equal: less_equal, _np.greater: greater,
-     _np.greater_equal: greater_equal, _np.equal: equal, _np.not_equal: not_equal})
+     _np.greater_equal: greater_equal, _np.equal: equal, _np.not_equal: not_equal,
+     _np.bitwise_and: bitwise_and, _np.bitwise_or: bitwise_or, _np.bitwise_xor: bitwise_xor,
+     _np.left_shift: left_shift, _np.right_shift: right_shift})
