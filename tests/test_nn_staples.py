@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
+from test_nn import numeric_grad  # central differences of a scalar loss
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -39,17 +40,6 @@ def rng_for(name: str):
 def run(fn, config, *args):
     mode, backend = config
     return rp.function(fn, mode=mode, backend=backend)(*args)
-
-
-def numeric_grad(loss, x, eps=1e-6):
-    x = np.array(x, np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        plus, minus = x.copy(), x.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        g[idx] = (loss(plus) - loss(minus)) / (2 * eps)
-    return g
 
 
 # ================================================================================================

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_nn import numeric_grad  # central differences of a scalar loss
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -54,16 +55,6 @@ def sample(shape, dtype, seed=0):
         return rng.integers(-5, 6, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
 
-
-def fd_grad(loss, x, eps=1e-6):
-    """Central differences of the NumPy scalar ``loss`` at float64 ``x``."""
-    g = np.zeros_like(x)
-    for k in np.ndindex(x.shape):
-        plus, minus = x.copy(), x.copy()
-        plus[k] += eps
-        minus[k] -= eps
-        g[k] = (loss(plus) - loss(minus)) / (2 * eps)
-    return g
 
 
 def library_grad(fn, xs, cot, mode, wrt=0):
@@ -325,7 +316,7 @@ def test_gradient(mode, name):
     for i in range(len(xs)):
         if name == "full_like" and i == 0:
             continue  # the shape's source: no gradient (zero), as NumPy's 0 * a
-        want = fd_grad(lambda v: np_loss(ref, cot)(*xs[:i], v, *xs[i + 1:]), xs[i])
+        want = numeric_grad(lambda v: np_loss(ref, cot)(*xs[:i], v, *xs[i + 1:]), xs[i])
         got = library_grad(fn, xs, cot, mode, wrt=i)
         assert got.shape == xs[i].shape and got.dtype == xs[i].dtype
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8, err_msg=f"d/d input {i}")
