@@ -154,11 +154,12 @@ def huber(pred, target, delta=1.0):
 
 
 def one_hot(labels, num_classes, dtype=np.float32):
-    """Rows of ``num_classes`` entries, 1 at each label and 0 elsewhere: shape
-    ``labels.shape + (num_classes,)``. As ``torch.nn.functional.one_hot`` except that
-    ``num_classes`` is required (a traced step cannot read it from the labels), the result is
-    ``dtype`` (float32 by default; PyTorch's is int64) and a label outside ``[0, num_classes)``
-    gives a row of zeros instead of an error.
+    """``rnp.one_hot`` with PyTorch's argument checks: rows of ``num_classes`` entries, 1 at
+    each label and 0 elsewhere, shape ``labels.shape + (num_classes,)``. As
+    ``torch.nn.functional.one_hot`` except that ``num_classes`` is required (a traced step
+    cannot read it from the labels), the result is ``dtype`` (float32 by default; PyTorch's is
+    int64) and a label outside ``[0, num_classes)`` gives a row of zeros instead of an error
+    (as ``jax.nn.one_hot``).
 
     >>> import replicate.numpy as rnp
     >>> one_hot(rnp.asarray([0, 2]), 3).tolist()
@@ -169,8 +170,7 @@ def one_hot(labels, num_classes, dtype=np.float32):
         raise ReplicateError(f"one_hot: labels must be integers, got {labels.dtype}")
     if int(num_classes) < 1:
         raise ReplicateError(f"one_hot: num_classes must be positive, got {num_classes}")
-    hit = rnp.equal(rnp.expand_dims(labels, -1), np.arange(int(num_classes), dtype=labels.dtype))
-    return rnp.cast(hit, np.dtype(dtype))
+    return rnp.one_hot(labels, int(num_classes), np.dtype(dtype))  # the checks are PyTorch's
 
 
 def nll_loss(log_probs, targets, reduction="none", ignore_index=-100):
