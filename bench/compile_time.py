@@ -78,8 +78,9 @@ def phases(backend_name, repeats, layers, width):
     """{phase: seconds} for one backend, and graph sizes."""
     import replicate as rp
     from replicate.backends import get_backend
-    from replicate.compiler import PIPELINE, CompileOptions
+    from replicate.compiler import CompileOptions, backend_passes
     from replicate.compiler import step_graph as compile_replicated
+    from replicate.graph.passes import StepContext
     from replicate.step import trace_step as trace_replicas
 
     _, step_fn, input_fn = build(layers=layers, width=width)
@@ -96,11 +97,10 @@ def phases(backend_name, repeats, layers, width):
     sizes["traced nodes"] = len(traced.nodes)
     sizes["after rewrite"] = len(graph.nodes)
     g = graph
-    for name, run_pass in PIPELINE.items():
-        if name not in backend.passes or name in options.disable:
-            continue
-        t, g2 = _median_time(lambda run_pass=run_pass, g=g: run_pass(g, options), repeats)
-        out[f"pass {name}"] = t
+    ctx = StepContext(options=options, backend=backend)
+    for run_pass in backend_passes(backend, options):
+        t, g2 = _median_time(lambda run_pass=run_pass, g=g: run_pass.run(g, ctx), repeats)
+        out[f"pass {run_pass.name}"] = t
         g = g2
     sizes["after passes"] = len(g.nodes)
     t_lower, lowered = _median_time(lambda: backend.lower(g), repeats)

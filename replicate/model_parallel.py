@@ -1,22 +1,23 @@
-"""The road of a step with model parallelism (logical devices) and micro-batches.
+"""Model parallelism (logical devices) and micro-batches: where a process stands, and the step
+that feeds micro-batches.
 
-``compile_step(fn, batches, contexts, where, backend=..., options=...)`` is
-``compiler.compile_step`` for a replica that spans ``where.m`` logical devices (one process
-each) and whose batch is cut into ``where.micro`` micro-batches:
+A replica may span ``Where.m`` logical devices (one process each) and cut its batch into
+``Where.micro`` micro-batches. Its road is the one road of every step
+(``replicate.compiler.compile_step(..., where=...)``):
 
-1. each replica's batch is cut into M micro-batches along the first axis, and ``fn`` is traced
-   once per micro-batch as if each were a replica of its own (``rp.num_replicas()`` is R·M;
-   collectives combine every micro-batch, so ``all_reduce(grads, "mean")`` is the gradient of
-   the whole batch): k·M traced replicas, every op placed on a device (``graph/devices.py``);
-2. with m > 1, ``check_placement`` (the replicas agree; a parameter on one device);
-3. the collective rewrite of the whole replica (every device's collectives go to the same
-   device of the other replica groups, on their own communicator); with m > 1
-   ``pipeline_order`` (GPipe: every forward, every backward, the update); CSE (the k·M copies
-   of what follows the gradient exchange become one, transfers included);
-4. with m > 1, ``split_devices`` (this device's part: transfers become send/recv, results reach
-   every device; a Variable that lives on one device is fed and updated there only, and
-   ``MicroBatchedStep.commit`` drops the other processes' copies: ``Variable.release``);
-5. the merge of the updates, DCE, and the backend's passes as for any step.
+1. each replica's batch is cut into M micro-batches along the first axis (``split_batch``), and
+   ``fn`` is traced once per micro-batch as if each were a replica of its own
+   (``micro_contexts``: ``rp.num_replicas()`` is R·M; collectives combine every micro-batch, so
+   ``all_reduce(grads, "mean")`` is the gradient of the whole batch): k·M traced replicas, every
+   op placed on a device (``graph/devices.py``);
+2. the step passes (``graph/passes/step_passes.py``) that only such a step runs: the
+   placement check (the replicas agree; a parameter on one device), the collective rewrite on
+   the device's communicator, the GPipe order, and this device's part (transfers become
+   send/recv, results reach every device; a Variable that lives on one device is fed and
+   updated there only);
+3. ``MicroBatchedStep`` runs it: it cuts the replicas' whole batches as they were traced, and
+   its ``commit`` drops the other processes' copies of a Variable that lives on one device
+   (``Variable.release``).
 
 Every process compares the whole replica's placement (transfers, collectives and their devices,
 with their lines) before anything is exchanged, so a process that placed an op elsewhere is an
@@ -31,29 +32,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import tree
-from .compiler import (
-    _checked,
-    _dump,
-    check_divergence,
-    collective_schedule,
-    compile_graph,
-)
-from .compiler import compile_step as compile_replicated
-from .debug import debug_enabled
-from .errors import DivergenceError, InputError, PlacementError, function_location
-from .graph import passes
-from .graph.devices import Placement
-from .graph.passes.merge_updates import merge_updates
-from .graph.passes.pipeline import (
-    check_placement,
-    describe_pipeline,
-    pipeline_order,
-    placement_schedule,
-)
-from .graph.passes.split_devices import split_devices
-from .graph.primitives import REGISTRY
+from .errors import InputError, function_location
 from .interop import from_foreign, is_foreign
-from .step import CompiledStep, trace_step
+from .step import CompiledStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,66 +86,6 @@ def micro_contexts(contexts, micro: int) -> list:
             for c in contexts for j in range(micro)]
 
 
-def trace_only(graph):
-    """``graph`` without its nodes: ``collective_schedule`` of it is the outputs' gather only."""
-    return dataclasses.replace(graph, nodes=[])
-
-
-def step_graph(fn, batches, contexts, where: Where, input_fn=None):
-    """Steps 1–5 of the road (module docstring) for this process's device."""
-    pieces = [p for r, b in enumerate(batches) for p in split_batch(b, where.micro, input_fn, r)]
-    placement = Placement(where.m) if where.m > 1 else None
-    graph = trace_step(fn, pieces, micro_contexts(contexts, where.micro), placement=placement)
-    K = len(pieces)
-    shared = [v for v in graph.meta.variables if v.per_replica]
-    if shared:
-        raise PlacementError(
-            f"per-replica Variable {shared[0].name!r} (created at {shared[0].created_at}) with "
-            f"logical_devices={where.m}, micro_batches={where.micro}: per-replica state is not "
-            "supported with model parallelism or micro-batches yet (rp.wrap_optimizer("
-            "accumulate=n) uses it; micro_batches=n accumulates within a step instead)")
-    _dump("traced (placeholders)", graph)
-    rows = None if placement is None else \
-        check_placement(graph, where.micro, placement.differentiated)
-    try:
-        check_divergence(graph, K, where.groups)
-    except DivergenceError as e:
-        if where.micro == 1:
-            raise
-        raise DivergenceError(
-            f"{e}\nWith micro_batches={where.micro} each micro-batch is traced as a replica of "
-            "its own: its gradients are combined like replicas' (rp.wrap_optimizer(opt) averages "
-            "them over the micro-batches and the replicas).") from None
-    graph = _checked("replicate_collectives",
-                     passes.replicate_collectives(graph, K, where.groups, where.group))
-    if where.device_comm is not None:  # this device's group of processes, not the world
-        for node in graph.nodes:
-            if REGISTRY[node.prim].exchange:
-                node.attrs = dict(node.attrs, comm=where.device_comm)
-    _dump("after collective rewrite", graph)
-    if rows is not None:  # (before CSE: a node the micro-batches share keeps its first place)
-        graph = _checked("pipeline_order", pipeline_order(graph, where.micro))
-    if K > 1:  # (also merges the replicas' identical transfers after the gradient exchange)
-        graph = _checked("cse", passes.cse(graph))
-    if rows is None:
-        schedule = collective_schedule(graph, fn)
-    else:
-        schedule = placement_schedule(rows) + collective_schedule(trace_only(graph), fn)
-        graph = passes.dce(graph)
-        graph.meta.pipeline = describe_pipeline(graph, where.m, where.micro)
-        if debug_enabled("ir"):
-            print(f"# pipeline schedule ({where.micro} micro-batches)\n{graph.meta.pipeline}\n",
-                  flush=True)
-        graph = _checked("split_devices",
-                         split_devices(graph, where.device, where.m, where.replica_comm))
-        _dump(f"logical device {where.device}", graph)
-    graph = _checked("merge_updates", merge_updates(graph))
-    graph = _checked("dce", passes.dce(graph))
-    graph.meta.collective_schedule = schedule
-    _dump("final", graph)
-    return graph
-
-
 class Home(NamedTuple):
     """Where a Variable lives (``Variable.home``): logical ``device`` of the replica whose
     processes share communicator ``comm``; ``where``: the same in words, for errors."""
@@ -204,17 +125,4 @@ class MicroBatchedStep(CompiledStep):
         return super().run(leaves, keep_inputs)
 
 
-def compile_step(fn, batches, contexts, where: Where, *, backend, options=None, num_ranks=1,
-                 rank=0, input_fn=None) -> CompiledStep:
-    """The whole road for this process (``compiler.compile_step`` when there is one device and
-    one micro-batch)."""
-    if where.m == 1 and where.micro == 1:
-        return compile_replicated(fn, batches, contexts, backend=backend, options=options,
-                                  num_ranks=num_ranks, rank=rank)
-    graph = step_graph(fn, batches, contexts, where, input_fn)
-    return MicroBatchedStep(graph, compile_graph(graph, backend, options),
-                            graph.meta.collective_schedule, where.micro, where)
-
-
-__all__ = ["Home", "MicroBatchedStep", "Where", "compile_step", "micro_contexts", "split_batch",
-           "step_graph"]
+__all__ = ["Home", "MicroBatchedStep", "Where", "micro_contexts", "split_batch"]

@@ -21,6 +21,7 @@ import replicate.numpy as rnp
 from replicate.compiler import PIPELINE, CompileOptions
 from replicate.graph import passes, primitives, reference
 from replicate.graph.core import bind
+from replicate.graph.passes import step_passes
 from replicate.graph.primitives import REGISTRY
 from replicate.graph.validate import InvalidGraphError
 from replicate.graph.vjp_rules import VJP
@@ -103,14 +104,14 @@ def test_function_with_a_collective_compiles_through_the_rewrite(mode):
 
 def test_validation_runs_after_the_collective_rewrite(monkeypatch):
     """A rewrite that broke the graph is caught right after it, not at run time."""
-    real = passes.replicate_collectives
+    real = step_passes.replicate_collectives
 
     def broken(graph, *args, **kwargs):
         out = real(graph, *args, **kwargs)
         out.nodes = out.nodes[1:]  # drop the first node: a later one reads an undefined value
         return out
 
-    monkeypatch.setattr(passes, "replicate_collectives", broken)
+    monkeypatch.setattr(step_passes, "replicate_collectives", broken)
     monkeypatch.setenv("REPLICATE_VALIDATE", "1")
     f = rp.function(lambda x: rp.all_reduce(rnp.exp(x) + 1.0, "sum"))
     with pytest.raises(InvalidGraphError, match="before it is defined"):

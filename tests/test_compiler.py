@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 import replicate as rp
 import replicate.numpy as rnp
 from conftest import PROGRAMS, have_mpi, mpirun
-from replicate.backends import get_backend
+from replicate.backends import get_backend, numpy_backend
 from replicate.compiler import PIPELINE, CompileOptions, compile_graph, step_graph
 from replicate.context import ReplicaContext
 from replicate.graph import validate
+from replicate.graph.passes import StepContext
 
 NO_PASSES = {"disable": list(PIPELINE)}
 NULL = get_backend("null")
@@ -134,7 +135,7 @@ def test_each_pass_keeps_the_graph_valid(name):
     fn, args = next((f, a) for n, f, a in _programs() if n == name)
     graph = rp.function(fn, options=NO_PASSES).graph(*args)
     for run_pass in PIPELINE.values():
-        graph = run_pass(graph, CompileOptions())
+        graph = run_pass.run(graph, StepContext(options=CompileOptions(), backend=numpy_backend))
         validate(graph)
 
 

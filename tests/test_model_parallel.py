@@ -1,7 +1,7 @@
 """Model parallelism (issue 19): ``rp.logical_device``, transfers rewritten into send/recv per
 device, the GPipe schedule, micro-batches, and the errors for what cannot work.
 
-The structural tests compile each device's part in this one process (``model_parallel.step_graph``
+The structural tests compile each device's part in this one process (``compiler.step_graph``
 for device d: nothing is sent); the oracle across processes — m-way model parallel x R-way data
 parallel with M micro-batches gives the parameters of one device with batch R*B — runs under
 ``mpiexec`` (``tests/programs/model_parallel_mpi.py``: 2, 3 and 4 processes), with what a
@@ -19,10 +19,11 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 from conftest import ROOT, mpirun, needs_mpi, report
+from replicate.compiler import step_graph
 from replicate.context import ReplicaContext
 from replicate.graph.devices import Placement
 from replicate.graph.validate import validate
-from replicate.model_parallel import Where, step_graph
+from replicate.model_parallel import Where
 from replicate.step import trace_step
 
 
@@ -48,7 +49,8 @@ BATCH = (np.ones((4, 3)), np.zeros((4, 2)))
 
 def device_graph(step_fn, device, micro=1, batches=(BATCH,), contexts=None):
     contexts = contexts or [ReplicaContext(0, 1)]
-    return step_graph(step_fn, list(batches), contexts, Where(m=2, micro=micro, device=device))
+    return step_graph(step_fn, list(batches), contexts,
+                      where=Where(m=2, micro=micro, device=device))
 
 
 def count(graph, prim, **attrs):
@@ -203,8 +205,35 @@ def test_a_trained_variable_read_on_two_devices_names_both_lines():
     with pytest.raises(rp.PlacementError) as e:
         device_graph(step_fn, 0)
     text = str(e.value)
-    assert "parameter 'w0' is updated on logical device" in text and "read on logical" in text
-    assert text.count("test_model_parallel.py:") == 2
+    assert "parameter 'w0' is updated on logical device" in text
+    assert "(first at " in text and "h = rnp.tanh(x @ w0)" in text, text
+    assert "loss = (h @ w1).sum() + (w0 * w0).sum()" in text, text
+
+
+def test_a_weight_read_by_matmuls_on_two_devices_names_the_reads_not_grad_and_apply():
+    """Each device's first read is named — the two lines the user must change — not the
+    gradient's or the update's line, where the backward pass and the update read it too."""
+    w0 = rp.Variable(np.ones((3, 3)), name="w0")
+    w1 = rp.Variable(np.ones((3, 2)), name="w1")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w0, w1], lr=0.1))
+
+    def step_fn(batch):
+        x, _ = batch
+        with rp.logical_device(0):
+            h = rnp.tanh(x @ w0)
+        with rp.logical_device(1):
+            h2 = h @ w0
+            loss = (h2 @ w1).sum()
+        opt.apply(rp.grad(loss, [w0, w1]))
+        return loss
+
+    with pytest.raises(rp.PlacementError) as e:
+        device_graph(step_fn, 0, batches=[(np.ones((4, 3)), np.zeros((4, 2)))])
+    text = str(e.value)
+    reads = text.split(" and read on ")[1].split(". A Variable")[0]
+    assert "0 (first at " in reads and "h = rnp.tanh(x @ w0)" in reads, text
+    assert "1 (first at " in reads and "h2 = h @ w0" in reads, text
+    assert "rp.grad" not in reads and "opt.apply" not in reads, text
 
 
 def test_replicas_that_place_ops_differently_name_the_lines():

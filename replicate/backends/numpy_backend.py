@@ -14,13 +14,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.interpret import note_failure
+from ..graph.passes import Pass
 from ..graph.primitives import REGISTRY, SOURCE
 from ..graph.reference import IMPL, _logistic_np
 from .base import Executable
-from .numpy_memory import plan_memory
+from .numpy_memory import memory, plan_memory
 
 name = "numpy"
-passes = ("const_fold", "cse", "dce", "bucketing", "widen", "fusion", "memory")
+passes = ("const_fold", "cse", "dce", "bucketing", "widen", "fusion")
+# after those: the memory plan (buffers allocated once, reused every call)
+own_passes = (Pass("memory", lambda g, c: memory(g, writes_out)),)
 
 
 def _rsqrt(x, out):

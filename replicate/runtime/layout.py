@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numbers
 
+from ..compiler import compile_step
 from ..context import ReplicaContext
 from ..errors import ReplicateError
-from ..model_parallel import Where, compile_step
+from ..model_parallel import Where
 from . import nan_check, owners
 from .comm import add_group, group
 
@@ -103,8 +104,8 @@ class Layout:
             owners.gather(variables, self.where.replica_comm, forget=True)
 
     def compile_step(self, step_fn, batches, contexts, backend, options, input_fn=None):
-        return compile_step(step_fn, batches, contexts, self.where, backend=backend,
-                            options=options, num_ranks=self.comm.size, rank=self.comm.rank,
+        return compile_step(step_fn, batches, contexts, backend=backend, options=options,
+                            num_ranks=self.comm.size, rank=self.comm.rank, where=self.where,
                             input_fn=input_fn)
 
 

@@ -102,10 +102,10 @@ def check_placement(graph: Graph, micro: int = 1, parameters=frozenset()) -> lis
 
 
 def readers(graph: Graph) -> tuple[dict, dict]:
-    """Which devices read each value: ``({value id: devices}, {(value id, device): a node that
-    reads it there})``. A placed node reads its inputs on its device (a transfer on its
-    source's); a floating node on every device that needs its value (an effect or a result
-    that floats: every device)."""
+    """Which devices read each value: ``({value id: devices}, {(value id, device): the first
+    node, in program order, that reads it there})``. A placed node reads its inputs on its
+    device (a transfer on its source's); a floating node on every device that needs its value
+    (an effect or a result that floats: every device)."""
     need: dict[int, set] = {}
     reader: dict[tuple, object] = {}
     everywhere = {d for n in graph.nodes if n.placed is not None and n.placed.device is not None
@@ -124,8 +124,8 @@ def readers(graph: Graph) -> tuple[dict, dict]:
                                                       else set())
         for x in node.inputs:
             need.setdefault(x.id, set()).update(devices)
-            for d in devices:
-                reader.setdefault((x.id, d), node)
+            for d in devices:  # (walking backwards: the last one written is the first read)
+                reader[(x.id, d)] = node
     return need, reader
 
 
@@ -164,13 +164,15 @@ def _check_variables(graph: Graph, K: int, parameters) -> None:
             continue
         others = sorted(need.get(x.id, set()) - {owner})
         if others:
+            devices = sorted(need[x.id])
+            reads = " and ".join(f"{d} (first at {_line(reader[(x.id, d)])})" for d in devices)
             raise PlacementError(
                 f"parameter {var.name!r} is updated on logical device {owner} (at "
-                f"{_line(update.node)}) but also read on logical device {others[0]} (at "
-                f"{_line(reader[(x.id, others[0])])}). A Variable the step differentiates and "
-                "updates lives on one logical device: the ops that read it, its gradient and its "
-                "update run there. Put every op that reads it under the same "
-                "rp.logical_device(i) (weights tied across devices are not supported).")
+                f"{_line(update.node)}) and read on logical device{'s' * (len(devices) > 1)} "
+                f"{reads}. A Variable the step differentiates and updates lives on one logical "
+                "device: the ops that read it, its gradient and its update run there. Put every "
+                "op that reads it under the same rp.logical_device(i) (weights tied across "
+                "devices are not supported).")
 
 
 def placement_schedule(rows: list) -> list:

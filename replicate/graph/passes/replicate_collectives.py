@@ -155,8 +155,11 @@ def _lower_group(nodes, inputs, k, n, rank):
     return LOWER[node.prim](_Where(k, n, rank, R), inputs, **attrs)
 
 
-def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Graph:
-    """Rewrite the placeholders of a k-replica graph for n processes (this one being ``rank``)."""
+def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,
+                          comm: str | None = None) -> Graph:
+    """Rewrite the placeholders of a k-replica graph for n processes (this one being ``rank``).
+    ``comm``: the label of the communicator the exchanges go over (with model parallelism, the
+    processes of this logical device, one per replica group; ``None``: every process)."""
     groups = group_placeholders(graph, k)
     lowered: dict = {}
     order = _grouped_order(graph, groups)
@@ -174,6 +177,8 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0) -> Gr
                                             k, n, rank)
                 for new in rb.trace.nodes[start:]:  # errors must name the user's line, not ours
                     new.where, new.placed = members[0].where, members[0].placed
+                    if comm is not None and REGISTRY[new.prim].exchange:
+                        new.attrs = dict(new.attrs, comm=comm)
                 for m, value in zip(members, lowered[seq]):
                     rb.subst[m.out.id] = value
     return rb.finish()
