@@ -22,7 +22,7 @@ from replicate.compiler import PIPELINE, CompileOptions
 from replicate.graph import passes, primitives, reference
 from replicate.graph.core import bind
 from replicate.graph.passes import step_passes
-from replicate.graph.primitives import REGISTRY
+from replicate.graph.primitives import REGISTRY, prims_where
 from replicate.graph.validate import InvalidGraphError
 from replicate.graph.vjp_rules import VJP
 from replicate.step import gather_outputs
@@ -265,6 +265,52 @@ def test_primitive_flags_follow_from_the_kind():
     assert REGISTRY["random_bits"].random and not REGISTRY["random_bits"].foldable
     with pytest.raises(ValueError, match="unknown kind"):
         primitives.Primitive("x", "sideways", lambda a: a)
+
+
+def test_op_classes_are_flags_derived_in_primitives():
+    """What kind of data an op touches is a flag: an alias is a view, a view moves data only;
+    a placeholder says what the replicas receive."""
+    assert prims_where(alias=True) == {"reshape", "stop_gradient", "custom_vjp"}
+    assert prims_where(alias=True) | prims_where(repeats=True) <= prims_where(view=True)
+    assert prims_where(view=True) <= prims_where(moves=True)
+    assert prims_where(moves=True) - prims_where(view=True) == {"concatenate", "const", "cast"}
+    assert {p.name: p.across for p in REGISTRY.values() if p.placeholder} == {
+        "all_reduce": "same", "all_gather": "same", "broadcast": "same",
+        "reduce_scatter": "own", "permute": "moved"}
+    with pytest.raises(ValueError, match="across must be"):
+        primitives.Primitive("x", "collective", lambda a: a, placeholder=True)
+
+
+# (name, line) of the membership tests on primitive names that are not a class of ops
+_NAMED_PAIRS = {("graph/passes/bucketing.py", 'node.prim in ("mpi_allreduce", "send")')}
+
+
+def test_no_list_of_primitive_names_outside_primitives():
+    """A class of ops is a flag in ``primitives.py``, not a set of names kept elsewhere: no
+    module-level set/tuple of primitive names, and no ``prim in (names...)`` test (rule tables,
+    dicts keyed by name, stay)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "primitives.py":
+            continue
+        text = path.read_text()
+        tree = ast.parse(text)
+        literals = [n.value for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+        literals += [n.comparators[0] for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                     and isinstance(n.ops[0], (ast.In, ast.NotIn))]
+        for lit in literals:
+            if isinstance(lit, ast.Call) and getattr(lit.func, "id", "") == "frozenset":
+                lit = lit.args[0] if lit.args else lit
+            if not isinstance(lit, (ast.Set, ast.Tuple, ast.List)):
+                continue
+            names = [e.value for e in lit.elts if isinstance(e, ast.Constant)]
+            if len(names) >= 2 and len(names) == len(lit.elts) and \
+                    all(isinstance(n, str) and n in REGISTRY for n in names):
+                line = text.splitlines()[lit.lineno - 1].strip()
+                where = str(path.relative_to(PACKAGE))
+                if not any(w == where and snippet in line for w, snippet in _NAMED_PAIRS):
+                    bad.append(f"{where}:{lit.lineno}: {line}")
+    assert bad == []
 
 
 def test_compile_options_know_every_pass():

@@ -58,7 +58,7 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 from replicate.dtypes import finfo, is_float
-from replicate.graph.reference import MOVES
+from replicate.graph.primitives import prims_where
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_ops import CASES, Case, leaves, to_numpy  # noqa: E402
@@ -71,7 +71,8 @@ HAVE_JAX = importlib.util.find_spec("jax") is not None
 STRONG_FLOAT64 = {"numpy-scalar-is-strong", "ndarray-on-the-left", "to float64", "via float32"}
 # primitives that never round: they move data (a cast that narrows excepted), or pick or negate
 # one of their operands exactly
-EXACT = MOVES | {"pad", "neg", "abs", "sign", "maximum", "minimum", "select", "reduce_max",
+EXACT = prims_where(moves=True) | {
+                 "pad", "neg", "abs", "sign", "maximum", "minimum", "select", "reduce_max",
                  "reduce_min", "argmax", "argmin", "eq", "ne", "lt", "le", "gt", "ge",
                  "logical_and", "logical_or", "logical_not", "isfinite"}
 

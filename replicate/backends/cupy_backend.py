@@ -38,7 +38,7 @@ from ..errors import ReplicateError
 from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
-from ..graph.reference import MOVES, table
+from ..graph.reference import table
 from . import cuda_codegen, cuda_random
 from .base import Executable
 from .cuda_launches import LAUNCHES
@@ -186,7 +186,7 @@ _ROWS = table(cupy, "cupy", {
     "scatter_add": _scatter_add,
     "const": lambda value: cupy.asarray(value),
 })
-DEVICE_RULES = {name: rule if name in MOVES or name in CONV_ROWS else _widened(rule)
+DEVICE_RULES = {name: rule if REGISTRY[name].moves or name in CONV_ROWS else _widened(rule)
                 for name, rule in _ROWS.items()}
 
 
@@ -195,7 +195,7 @@ def _op_fn(node, checks):
         return comm_fn(node, DEVICE)
     fn = DEVICE_RULES[node.prim]
     attrs, dtype = node.attrs, node.out.dtype
-    if node.prim in ("getitem", "scatter_add") and len(node.inputs) > 1:
+    if REGISTRY[node.prim].indexes and len(node.inputs) > 1:
         return checks.wrap(fn, node)  # bounds checked (CuPy wraps around, NumPy raises)
     int_pow = node.prim == "pow" and np.dtype(dtype).kind != "f"  # CuPy: 0 where NumPy raises
 
@@ -207,15 +207,11 @@ def _op_fn(node, checks):
     return run
 
 
-_VIEWS = frozenset({"reshape", "transpose", "broadcast_to", "getitem", "stop_gradient",
-                    "custom_vjp"})  # rows that may return (a view of) their first operand
-
-
 def _views_of_inputs(graph, slot) -> set:
     """Slots of the values that may share memory with a graph input."""
     views = set(range(len(graph.inputs)))
     for node in graph.nodes:
-        if node.prim in _VIEWS and slot[node.inputs[0].id] in views:
+        if REGISTRY[node.prim].view and slot[node.inputs[0].id] in views:
             views.add(slot[node.out.id])
     return views
 

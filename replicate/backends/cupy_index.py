@@ -21,8 +21,7 @@ import numpy as np
 
 from ..graph.index_check import index_axes, index_bounds_error, index_bounds_flag
 from ..graph.interpret import note_failure
-
-VIEWS = ("reshape", "broadcast_to", "stop_gradient")  # the same values, in the same order
+from ..graph.primitives import REGISTRY
 
 
 def _shape(node):
@@ -49,7 +48,8 @@ class IndexChecks:
             node = self.producer.get(x.id)
             if node is not None and node.prim == "const":
                 return np.asarray(node.attrs["value"])
-            if node is None or node.prim not in VIEWS:
+            spec = REGISTRY.get(node.prim) if node is not None else None
+            if spec is None or not (spec.alias or spec.repeats):  # (the same values, in order)
                 return None
             x = node.inputs[0]
         return self.positions[x.id]

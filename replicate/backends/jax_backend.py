@@ -52,7 +52,6 @@ DONATE: bool | None = None
 # Constants up to this size are literals in the compiled code (XLA folds them); larger ones
 # (a table or data set the step closes over) are moved to the device once and passed in.
 INLINE_CONST_BYTES = 1 << 16
-INDEXING = frozenset({"getitem", "scatter_add"})  # primitives that index with arrays
 # Host nodes (communication) run inside the jit as ordered callbacks (``jax_host.py``): one
 # program per step. False: the graph is cut at each host node into jitted segments.
 HOST_IN_JIT = True
@@ -96,7 +95,7 @@ class _Segment:
         # XLA clamps an out-of-range gather index (a silently wrong value): a segment that
         # indexes with arrays is checked (checkify) and the host raises IndexError instead;
         # likewise ValueError for an integer to a negative power (XLA gives a number)
-        self.gathers = [n for n in nodes if n.prim in INDEXING and len(n.inputs) > 1]
+        self.gathers = [n for n in nodes if REGISTRY[n.prim].indexes and len(n.inputs) > 1]
         errors = (checkify.index_checks if self.gathers else frozenset()) | (
             checkify.user_checks if any(pow_checked(n) for n in nodes) else frozenset())
         self.checked = bool(errors)

@@ -252,16 +252,13 @@ def lower(graph):
     return Executable(graph, run, kernels(graph))
 
 
-FREE_VIEWS = ("reshape", "stop_gradient")  # in NumPy these never copy
-
-
 def kernels(graph) -> list[str]:
     """What a call launches: one entry per fused group or compute op (views, constants and
     communication are not kernels)."""
     out = []
     for node in graph.nodes:
         spec = REGISTRY[node.prim]
-        if spec.kind == SOURCE or spec.host or node.prim in FREE_VIEWS:
+        if spec.kind == SOURCE or spec.host or spec.alias:  # (an alias is never a copy)
             continue
         if node.prim == "fused":
             out.append("fused[" + ",".join(node.attrs["body"].prims) + "]")

@@ -132,17 +132,14 @@ def _concatenations_in_place(graph, writes_out, root, last_use, escaping) -> dic
             if src is None or r in seen or r in escaping or last_use.get(r) != index[v] \
                     or src.prim not in writes_out or src.out.dtype != c.out.dtype \
                     or src.out.size != x.size or src.out.size == 0 \
-                    or any(graph.nodes[index[y]].prim not in _FLAT for y in _chain(x, index,
-                                                                                    graph, r)):
+                    or not all(REGISTRY[graph.nodes[index[y]].prim].alias
+                               for y in _chain(x, index, graph, r)):
                 break
             seen.add(r)
             members.append(index[r])
         else:
             found[c] = members
     return found
-
-
-_FLAT = ("reshape",)  # views between a part and its concatenation that keep the element order
 
 
 def _chain(x, index, graph, r):

@@ -18,9 +18,8 @@ from ..dtypes import is_float
 from ..errors import DTypeError, ShapeError, source_line, user_frame
 from .aval import AVal
 from .core import bind, current_trace
-from .primitives import COLLECTIVE, declare
+from .primitives import COLLECTIVE, REGISTRY, declare
 
-PLACEHOLDERS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "permute")
 REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
@@ -76,11 +75,13 @@ def _gathered(x, *, size, **_):
 # Communication must run on every rank even where its result is unused (say, the gradient of a
 # broadcast on a rank without the root): ``effect`` keeps dead-code elimination and CSE off it.
 _PLACEHOLDER = dict(effect=True, placeholder=True)
-declare("all_reduce", COLLECTIVE, _reduced_same, **_PLACEHOLDER)
-declare("all_gather", COLLECTIVE, _all_gather, **_PLACEHOLDER)
-declare("broadcast", COLLECTIVE, _same, **_PLACEHOLDER)
-declare("reduce_scatter", COLLECTIVE, _reduce_scatter, **_PLACEHOLDER)
-declare("permute", COLLECTIVE, _same, **_PLACEHOLDER)
+# (``across``: what the replicas receive — one value for all, each its own part, another's value)
+declare("all_reduce", COLLECTIVE, _reduced_same, across="same", **_PLACEHOLDER)
+declare("all_gather", COLLECTIVE, _all_gather, across="same", **_PLACEHOLDER)
+declare("broadcast", COLLECTIVE, _same, across="same", **_PLACEHOLDER)
+declare("reduce_scatter", COLLECTIVE, _reduce_scatter, across="own", **_PLACEHOLDER)
+declare("permute", COLLECTIVE, _same, across="moved", **_PLACEHOLDER)
+PLACEHOLDERS = tuple(n for n, p in REGISTRY.items() if p.placeholder)  # in declaration order
 # what the rewrite produces: gradients are taken before it, on the placeholders
 _EXCHANGE = dict(differentiable=False, effect=True, exchange=True)
 # the in-process combine is a sum of k arrays on one device: no communication, so a backend runs

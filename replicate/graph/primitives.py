@@ -13,6 +13,13 @@ lists of names: ``effect`` (must run even when unused and is never merged: commu
 with its first input), ``fuse`` (``"map"`` or ``"reduce"``: what it can be in a fused kernel),
 ``exchange`` (talks to the other processes), ``placeholder`` (a replica-level collective that
 ``passes/replicate_collectives.py`` rewrites), ``random`` (its value depends on a key).
+What data an op touches: ``moves`` (it only moves or relabels data, computing nothing: every
+view, ``concatenate``, ``const``, ``cast``; NumPy runs it on float16/bfloat16 as they are),
+``alias`` (its result is its first operand's elements in their order, as many: no backend
+copies it), ``repeats`` (the same, each element possibly repeated: a broadcast), ``indexes``
+(it takes index arrays as operands). A placeholder says what the replicas receive
+(``across``): ``"same"`` (one value for all), ``"own"`` (each its own part) or ``"moved"``
+(another replica's value).
 
 ``tests/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
 """
@@ -87,6 +94,11 @@ class Primitive:
     exchange: bool = False
     placeholder: bool = False
     cuda: str | None = None
+    moves: bool = False
+    alias: bool = False
+    repeats: bool = False
+    indexes: bool = False
+    across: str | None = None  # placeholders: "same", "own" or "moved"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -95,6 +107,13 @@ class Primitive:
             object.__setattr__(self, "host", self.kind == COLLECTIVE)
         if self.fuse is None and self.kind == ELEMENTWISE:
             object.__setattr__(self, "fuse", "map")
+        if self.alias or self.repeats:  # (what lists its operand's elements is a view of it)
+            object.__setattr__(self, "view", True)
+        if self.view:  # (a view moves no data of its own)
+            object.__setattr__(self, "moves", True)
+        if self.placeholder and self.across not in ("same", "own", "moved"):
+            raise ValueError(f"placeholder {self.name!r}: across must be 'same', 'own' or "
+                             f"'moved', got {self.across!r}")
 
     @property
     def random(self) -> bool:
@@ -185,16 +204,16 @@ declare("right_shift", ELEMENTWISE, _shift, differentiable=False,
 declare("sign", ELEMENTWISE, _unary_signed, differentiable=False,  # derivative: 0 almost anywhere
         cuda="({a} != {a} ? {a} : ({t})(({a} > 0) - ({a} < 0)))")  # sign(NaN) is NaN
 declare("select", ELEMENTWISE, _select, cuda="({a} ? {b} : {c})")
-declare("cast", ELEMENTWISE, _cast, cuda="(({t}){a})")
+declare("cast", ELEMENTWISE, _cast, moves=True, cuda="(({t}){a})")
 # floats only (the wrappers return integers as they are); derivative 0 almost everywhere
 for _name, _c in (("floor", "floor({a})"), ("ceil", "ceil({a})"), ("round", "rint({a})")):
     declare(_name, ELEMENTWISE, _unary_float, differentiable=False, cuda=_c)  # rint: half to even
 declare("erf", ELEMENTWISE, _unary_float, cuda="erf({a})")
 declare("mod", ELEMENTWISE, _mod)  # NumPy's remainder: the divisor's sign (CUDA: cuda_codegen)
-declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, view=True, cuda="{a}")
+declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, alias=True, cuda="{a}")
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
-declare("custom_vjp", STRUCTURAL, lambda value, *args, rule: value, view=True)
+declare("custom_vjp", STRUCTURAL, lambda value, *args, rule: value, alias=True)
 
 for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     declare(_name, REDUCTION, _reduce_nonempty if _name in ("reduce_max", "reduce_min")
@@ -207,14 +226,14 @@ declare("sort", STRUCTURAL, _sort)  # stable, NaNs last (as NumPy's kind="stable
 declare("argsort", STRUCTURAL, _argsort, differentiable=False)
 declare("top_k_indices", STRUCTURAL, _top_k, differentiable=False)  # descending, ties: lower first
 
-declare("reshape", STRUCTURAL, _reshape, view=True)
+declare("reshape", STRUCTURAL, _reshape, alias=True)
 declare("transpose", STRUCTURAL, _transpose, view=True)
 # in a kernel, broadcasting is only a way of indexing an input, never a copy
-declare("broadcast_to", STRUCTURAL, _broadcast_to, view=True, fuse="map", cuda="{a}")
-declare("concatenate", STRUCTURAL, _concatenate)
+declare("broadcast_to", STRUCTURAL, _broadcast_to, repeats=True, fuse="map", cuda="{a}")
+declare("concatenate", STRUCTURAL, _concatenate, moves=True)
 declare("pad", STRUCTURAL, _pad)
-declare("getitem", STRUCTURAL, _getitem, view=True)
-declare("scatter_add", STRUCTURAL, _scatter_add)
+declare("getitem", STRUCTURAL, _getitem, view=True, indexes=True)
+declare("scatter_add", STRUCTURAL, _scatter_add, indexes=True)
 
 declare("matmul", CONTRACTION, _matmul)
 declare("einsum", CONTRACTION, _einsum)
@@ -225,7 +244,7 @@ declare("conv2d_weight_grad", CONTRACTION, conv2d_weight_grad_shape)  # attr ker
 
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)
-declare("const", SOURCE, _const, differentiable=False)
+declare("const", SOURCE, _const, differentiable=False, moves=True)
 
 
 def prims_where(**flags) -> frozenset:

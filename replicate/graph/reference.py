@@ -23,7 +23,7 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION
 from . import conv
-from .primitives import RuleTable, index_tuple, parse_einsum
+from .primitives import REGISTRY, RuleTable, index_tuple, parse_einsum
 from .special import erf as _erf_np
 
 
@@ -200,9 +200,6 @@ ROWS = {
 }
 
 
-# primitives that only move or relabel data: NumPy runs them on float16/bfloat16 as they are
-MOVES = frozenset({"reshape", "transpose", "broadcast_to", "concatenate", "getitem", "const",
-                   "cast", "stop_gradient", "custom_vjp"})
 
 
 def table(xp, name: str, overrides=None) -> RuleTable:
@@ -228,8 +225,9 @@ def _widened(rule):
 
 
 IMPL = table(np, "numpy")
-for _prim in set(IMPL) - MOVES:
-    IMPL[_prim] = _widened(IMPL[_prim])
+for _prim in IMPL:  # (what only moves data runs on float16/bfloat16 as it is; the collectives
+    if _prim not in REGISTRY or not REGISTRY[_prim].moves:  # are declared after this table)
+        IMPL[_prim] = _widened(IMPL[_prim])
 
 
 def apply(impl, node, args):

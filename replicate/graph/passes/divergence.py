@@ -17,9 +17,7 @@ each replica's trace and is not seen here (the run-time comparison of variables 
 from __future__ import annotations
 
 from ..core import Graph
-
-_SAME_EVERYWHERE = frozenset({"all_reduce", "all_gather", "broadcast"})
-_PER_REPLICA = frozenset({"reduce_scatter"})
+from ..primitives import REGISTRY
 
 
 def varying_values(graph: Graph, sources: dict) -> dict:
@@ -27,9 +25,10 @@ def varying_values(graph: Graph, sources: dict) -> dict:
     ``sources``: ``{value id: name}`` of the values that vary by construction."""
     varies = dict(sources)
     for node in graph.nodes:
-        if node.prim in _SAME_EVERYWHERE:
+        across = REGISTRY[node.prim].across
+        if across == "same":
             continue
-        if node.prim in _PER_REPLICA:
+        if across == "own":
             varies[node.out.id] = f"the per-replica result of {node.prim}"
             continue
         for x in node.inputs:

@@ -22,7 +22,6 @@ from ..aval import AVal
 from ..core import Array, Graph, Node, bind
 from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
-from ..reference import MOVES
 
 F32 = np.dtype(np.float32)
 
@@ -32,7 +31,7 @@ def _low(aval) -> bool:
 
 
 def widen(graph: Graph) -> Graph:
-    todo = [n for n in graph.nodes if n.prim not in MOVES and not REGISTRY[n.prim].host
+    todo = [n for n in graph.nodes if not REGISTRY[n.prim].moves and not REGISTRY[n.prim].host
             and n.prim != "fused" and (_low(n.out.aval) or any(_low(i.aval) for i in n.inputs))]
     if not todo:
         return graph
