@@ -11,6 +11,7 @@ from . import (
     nn,
     numpy,  # noqa: F401  (installs the array operators)
     optim,
+    profile,
     runtime,
 )
 from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
@@ -50,6 +51,8 @@ stop_gradient = numpy.stop_gradient  # (also rnp.stop_gradient)
 
 __version__ = "0.1.0"
 
+profile.start_from_environment()  # REPLICATE_PROFILE=trace.json: the whole program, at exit
+
 if runtime.comm.launched_by_mpi():  # under mpiexec: MPI, and the hooks that end the job when a
     runtime.comm.world()  # rank fails or leaves, come up now (replicate/runtime/hooks.py)
 
@@ -64,5 +67,5 @@ __all__ = [
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
-    "process_index", "ActorLearner", "ActorContext", "ActorError",
+    "process_index", "ActorLearner", "ActorContext", "ActorError", "profile",
 ]

@@ -13,7 +13,7 @@ import contextlib
 
 import numpy as np
 
-from . import dependency, state, tree
+from . import dependency, profile, state, tree
 from . import numpy as rnp
 from .context import replica_scope
 from .dtypes import autocast_dtype
@@ -195,7 +195,12 @@ class CompiledStep:
             # copies the leaves up: host index arrays among them are bounds-checked first)
         if keep_inputs:  # (device arrays stay there: copied down only if the NaN finder runs)
             self.last_inputs = inputs
-        outs = self.executable.run(inputs)
+        profiler = profile.active()
+        if profiler is None:
+            outs = self.executable.run(inputs)
+        else:
+            with profiler.span("compiled step", "step", kernels=len(self.executable.kernels)):
+                outs = self.executable.run(inputs)
         n, k = meta.num_results, meta.replicas
         results = outs[:n * k]
         if device is not None and not on_device:

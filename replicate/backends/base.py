@@ -30,6 +30,8 @@ import threading
 
 import numpy as np
 
+from ..errors import source_line
+from ..graph.primitives import REGISTRY, SOURCE
 from ..interop import from_foreign, is_foreign
 
 # Device backends' cross-process transports, by backend name: ``fn(device) -> transport or None``
@@ -148,3 +150,23 @@ class Executable:
     def __call__(self, inputs):
         outs = self.run(inputs)
         return outs if self.device is None else self.device.to_host_many(outs)
+
+
+def profile_label(node):
+    """``(name, kind, line)`` of a node for the profiler (None: no work of its own — a
+    constant, an alias); kind: compute, communication or wait."""
+    spec = REGISTRY[node.prim]
+    if spec.kind == SOURCE or spec.alias:
+        return None
+    name = "fused[" + ",".join(node.attrs["body"].prims) + "]" if node.prim == "fused" \
+        else node.prim
+    kind = "wait" if node.prim == "comm_wait" else "communication" if spec.exchange else \
+        "compute"
+    return name, kind, source_line(node.where) if node.where else ""
+
+
+def profiled_bytes(kind, values) -> dict:
+    """The profiler's ``bytes`` of a communication event (nothing for other kinds)."""
+    if kind != "communication":
+        return {}
+    return {"bytes": int(sum(getattr(x, "nbytes", 0) for x in values))}

@@ -33,6 +33,7 @@ import cupyx
 import cupyx.scipy.special
 import numpy as np
 
+from .. import profile
 from ..debug import debug_enabled
 from ..errors import ReplicateError
 from ..graph.conv import ROWS as CONV_ROWS
@@ -40,7 +41,7 @@ from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import table
 from . import cuda_codegen, cuda_random
-from .base import Executable
+from .base import Executable, profile_label, profiled_bytes
 from .cuda_launches import LAUNCHES
 from .cuda_ops import POW_MESSAGE, needs_flag
 from .cupy_comm import comm_fn
@@ -246,12 +247,19 @@ def lower(graph):
         checks.before(inputs)
         env = template.copy()
         env[:n_in] = [DEVICE.to_device(x) for x in inputs]
+        profiler = profile.active()
         for fn, args, out, node in steps:
+            label = profile_label(node) if profiler is not None else None
+            start = profiler.now() if label is not None else 0
             try:
                 env[out] = fn(*[env[a] for a in args])
             except Exception as e:  # name the op and the user's line that made it
                 note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
+            if label is not None:  # (synchronised: the kernel's own time, not its launch's)
+                cupy.cuda.get_current_stream().synchronize()
+                profiler.add(label[0], label[1], start, profiler.now(), line=label[2],
+                             **profiled_bytes(label[1], [env[a] for a in args]))
         checks.after()
         # a constant, or an input (or a view of one: a variable's buffer, written in place by
         # the next commit), leaves as a copy: what is kept for the next call is never the caller's

@@ -29,11 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from .. import profile
 from ..errors import add_note
 from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
-from .base import Executable, Staged
+from .base import Executable, Staged, profile_label, profiled_bytes
 from .cuda_ops import POW_MESSAGE
 from .jax_host import HostCalls, Parts, available, check_result, opaque_values, unpacked_buckets
 from .jax_impl import JAX, apply, pow_checked
@@ -299,21 +300,31 @@ class JaxProgram:
             elif i in self.donated and isinstance(x, jax.Array):
                 x = jnp.array(x, copy=True)  # never donate an array the caller holds
             env[i] = x
-        for is_jit, a, b, c in self.steps:
+        profiler = profile.active()
+        for n, (is_jit, a, b, c) in enumerate(self.steps):
+            start = profiler.now() if profiler is not None else 0
             if is_jit:  # a: the segment, b: slots it reads, c: slots it writes
                 args = [env[r] for r in b]
                 results = a.results(a.fn(*args) if a.compiled else a.first_call(args))
                 for w, value in zip(c, results):
                     env[w] = value
-            else:  # a: the NumPy rule, b: (argument slots, which to bring over, ...), c: out
-                args, to_host, attrs, node = b
-                value = a(*[np.asarray(env[s]) if h else env[s] for s, h in zip(args, to_host)],
-                          **attrs)  # a value made by a host node may be a handle: untouched
-                if isinstance(value, np.ndarray):
-                    dtype = np.dtype(node.out.aval.dtype)
-                    check_result(node, value, tuple(node.out.aval.shape), dtype)
-                    value = value.astype(dtype, copy=False)
-                env[c] = value
+                if profiler is not None:  # (XLA runs it as one program: timed to its end)
+                    jax.block_until_ready(results)
+                    profiler.add(f"jax program {n}", "compute", start, profiler.now())
+                continue
+            # a: the NumPy rule, b: (argument slots, which to bring over, ...), c: out
+            args, to_host, attrs, node = b
+            operands = [np.asarray(env[s]) if h else env[s] for s, h in zip(args, to_host)]
+            value = a(*operands, **attrs)  # a value made by a host node may be a handle
+            label = profile_label(node) if profiler is not None else None
+            if label is not None:
+                profiler.add(label[0], label[1], start, profiler.now(), line=label[2],
+                             **profiled_bytes(label[1], operands))
+            if isinstance(value, np.ndarray):
+                dtype = np.dtype(node.out.aval.dtype)
+                check_result(node, value, tuple(node.out.aval.shape), dtype)
+                value = value.astype(dtype, copy=False)
+            env[c] = value
         results, new_views = [], {}
         for s, device in self.outputs:
             value = env[s]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import profile
 from ..graph.interpret import note_failure
 from ..graph.passes import Pass
 from ..graph.primitives import REGISTRY, SOURCE
 from ..graph.reference import IMPL, _logistic_np
-from .base import Executable
+from .base import Executable, profile_label, profiled_bytes
 from .numpy_memory import memory, plan_memory
 
 name = "numpy"
@@ -232,17 +233,29 @@ def lower(graph):
     n_inputs, n_slots = len(graph.inputs), len(slot)
     outputs = [slot[o.id] for o in graph.outputs]
 
+    labels = None  # (name, kind, line) per step, made when a profiler first asks
+
     def run(inputs):
+        nonlocal labels
         if len(inputs) != n_inputs:
             raise ValueError(f"expected {n_inputs} inputs, got {len(inputs)}")
         env = list(inputs) + [None] * (n_slots - n_inputs)
+        profiler = profile.active()
+        if profiler is not None:
+            labels = labels or [profile_label(node) for node in graph.nodes]
         i = 0
         try:
             for i, (fn, args, out, buf, takes_out) in enumerate(steps):  # noqa: B007 (i: read on failure)
+                if profiler is not None and labels[i] is not None:
+                    start = profiler.now()
                 if takes_out:
                     env[out] = fn(*[env[a] for a in args], out=buf)
                 else:
                     env[out] = fn(*[env[a] for a in args])
+                if profiler is not None and labels[i] is not None:
+                    name, kind, line = labels[i]
+                    profiler.add(name, kind, start, profiler.now(), line=line,
+                                 **profiled_bytes(kind, [env[a] for a in args]))
         except Exception as e:  # name the node and the user's line that made it
             node = graph.nodes[i]
             note_failure(e, node, [env[a] for a in steps[i][1]])

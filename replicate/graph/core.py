@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import profile as _profile
 from ..errors import (
     NumpyConversionError,
     ReplicateError,
@@ -355,7 +356,14 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         raise ReplicateError(
             f"a traced value escaped its trace and was used at {source_line(user_frame())}; "
             "return it from the traced function instead")
-    value = IMPL[prim](*values, **attrs)
+    profiler = _profile.active()
+    if profiler is None:
+        value = IMPL[prim](*values, **attrs)
+    else:  # eager mode, op by op
+        start = profiler.now()
+        value = IMPL[prim](*values, **attrs)
+        profiler.add(prim, "communication" if spec.host else "compute", start, profiler.now(),
+                     line=source_line(user_frame()))
     if type(value) is not np.ndarray:
         value = np.asarray(value)
     if value.dtype != aval.dtype:
