@@ -413,92 +413,55 @@ def worker(args):
 
 
 # -- where the small graph-NumPy step's time goes --------------------------------------------------
-def _label(node):
-    if node.prim == "fused":
-        body = [n.prim for n in node.attrs["body"].graph.nodes if n.prim != "const"]
-        return "fused[" + ",".join(sorted(set(body)))[:60] + "]"
-    return node.prim
-
-
 def profile(quick, size="small"):
-    """Per-node wall time of the compiled NumPy-backend step (the numpy backend's step program,
-    each top-level step wrapped in a timer), grouped by primitive (fused groups by the set of
-    ops inside, with their output shape), and cProfile's top functions by own time."""
+    """Where the compiled NumPy-backend step's time goes, by the library's own profiler
+    (``rp.profile.recording``): each kernel's time per step, grouped by kernel name, the share
+    of the step its kernels cover, the profiled step against the plain one, and cProfile's top
+    functions by own time."""
     import cProfile
     import io
     import pstats
+    import statistics
+    import tempfile
 
-    from replicate.backends import numpy_backend as nb
+    import replicate as rp
 
     cfg = SIZES[size]
     params, ids, targets = init(cfg)
-    spent, count, shapes = defaultdict(float), defaultdict(int), defaultdict(set)
-    original_program, original_lower = nb._program, nb.lower
-    top = {}
-
-    def lower(graph):
-        top["graph"] = graph
-        return original_lower(graph)
-
-    def program(graph, plan, buffers):
-        steps, slot = original_program(graph, plan, buffers)
-        if graph is not top.get("graph"):
-            return steps, slot  # a fused group's body: timed as a whole, above
-        wrapped = []
-        for node, (fn, args, out, buf, takes_out) in zip(graph.nodes, steps):
-            key = _label(node)
-            shapes[key].add(tuple(node.out.shape))
-
-            def timed(*xs, fn=fn, key=key, **kw):
-                t0 = time.perf_counter()
-                r = fn(*xs, **kw)
-                spent[key] += time.perf_counter() - t0
-                count[key] += 1
-                return r
-            wrapped.append((timed, args, out, buf, takes_out))
-        return wrapped, slot
-
-    nb._program, nb.lower = program, lower
-    try:
-        f = replicate_step(cfg, params, "graph", "numpy")
-        f(ids, targets)
-    finally:
-        nb._program, nb.lower = original_program, original_lower
+    f = replicate_step(cfg, params, "graph", "numpy")
     n_steps = 5 if quick else 50
     for _ in range(3):
         f(ids, targets)
-    spent.clear()
-    count.clear()
-    t0 = time.perf_counter()
-    for _ in range(n_steps):
-        f(ids, targets)
-    timed_total = (time.perf_counter() - t0) / n_steps
-    per = {k: (v * 1e3 / n_steps, count[k] // n_steps, sorted(shapes[k])[:2])
-           for k, v in spent.items()}
-    exe_nodes = sum(c for c in count.values()) // n_steps
-
-    plain = replicate_step(cfg, params, "graph", "numpy")  # unwrapped: the step's own time
-    for _ in range(3):
-        plain(ids, targets)
     ts = []
     for _ in range(n_steps):
         t0 = time.perf_counter()
-        plain(ids, targets)
+        f(ids, targets)
         ts.append(time.perf_counter() - t0)
-    import statistics
+    path = os.path.join(tempfile.mkdtemp(), "gpt.json")
+    with rp.profile.recording(path):
+        for _ in range(n_steps):
+            f(ids, targets)
+    events = rp.profile.load(path)
+    steps = [e for e in events if e["cat"] == "step"]
+    kernels = [e for e in events if e["cat"] != "step"]
+    spent, count = defaultdict(float), defaultdict(int)
+    for e in kernels:
+        spent[e["name"][:70]] += e["dur"] / 1e3 / n_steps
+        count[e["name"][:70]] += 1
+    step_ms = statistics.median(e["dur"] for e in steps) / 1e3
+    covered = sum(e["dur"] for e in kernels) / sum(e["dur"] for e in steps)
 
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n_steps):
-        plain(ids, targets)
+        f(ids, targets)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
-    exe = plain.executable(ids, targets)
-    return {"size": size, "step_ms": statistics.median(ts) * 1e3,
-            "timed_step_ms": timed_total * 1e3, "nodes": exe_nodes,
-            "kernels": len(exe.kernels), "per": {k: [v[0], v[1], [list(s) for s in v[2]]]
-                                                 for k, v in per.items()},
+    exe = f.executable(ids, targets)
+    return {"size": size, "step_ms": statistics.median(ts) * 1e3, "timed_step_ms": step_ms,
+            "covered": covered, "nodes": len(kernels) // n_steps, "kernels": len(exe.kernels),
+            "per": {k: [v, count[k] // n_steps, []] for k, v in spent.items()},
             "cprofile": buf.getvalue()}
 
 
@@ -506,14 +469,13 @@ def report_profile(res, command):
     r = next(iter(res.values()))
     total = sum(v[0] for v in r["per"].values())
     lines = [f"### Where the {r['size']} GPT's graph-mode NumPy step goes (1 thread)\n",
-             f"`{command}`: step {r['step_ms']:.2f} ms unwrapped ({r['timed_step_ms']:.2f} ms "
-             f"with a timer around each of its {r['nodes']} top-level nodes, {r['kernels']} "
-             f"kernels; the timed nodes add up to {total:.2f} ms)\n"]
+             f"`{command}`: step {r['step_ms']:.2f} ms plain, {r['timed_step_ms']:.2f} ms "
+             f"profiled (`rp.profile`: {r['nodes']} events a step, {r['kernels']} kernels; "
+             f"they add up to {total:.2f} ms, {r['covered']:.1%} of the profiled step)\n"]
     top = sorted(r["per"].items(), key=lambda kv: -kv[1][0])[:12]
-    cells = [[k, f"{ms:.3f}", f"{100 * ms / total:.1f} %", n, " ".join(map(str, map(tuple, s)))]
-             for k, (ms, n, s) in top]
-    lines.append(C.table(["node (fused: the ops inside)", "ms/step", "share", "nodes/step",
-                          "output shapes (some)"], cells))
+    cells = [[k, f"{ms:.3f}", f"{100 * ms / total:.1f} %", n] for k, (ms, n, _) in top]
+    lines.append(C.table(["kernel (fused: the ops inside)", "ms/step", "share", "calls/step"],
+                         cells))
     text = "\n".join(lines)
     print(text)
     print("\ncProfile, top functions by own time:\n" + r["cprofile"])
