@@ -1084,6 +1084,38 @@ case("conv2d_weight_grad", bind_conv("conv2d_weight_grad", kernel=(3, 3), **geom
      In((2, 2, 2, 3), F32), label="float32")
 
 
+# -- attention's weights (issue 29): softmax(q k^T * scale, masked), one primitive ---------------
+def attention_ref(q, k, *mask, scale, causal, masking):
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    s = s + mask[0] if masking == "add" else s
+    keep = mask[0] if masking == "keep" else np.ones(s.shape[-2:], bool)
+    keep = keep & np.tril(np.ones(s.shape[-2:], bool)) if causal else keep
+    s = np.where(keep, s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return s / s.sum(-1, keepdims=True)
+
+
+def bind_attention(**attrs):
+    from replicate.graph.core import bind
+
+    return lambda q, k, *m: bind("attention_weights", q, k, *m, **attrs)
+
+
+for label, attrs, extra in [
+        ("plain", dict(scale=0.5, causal=False, masking="none"), ()),
+        ("causal", dict(scale=0.5, causal=True, masking="none"), ()),
+        ("add", dict(scale=0.3, causal=True, masking="add"), (In((4, 5)),))]:
+    case("attention_weights", bind_attention(**attrs),
+         lambda q, k, *m, attrs=attrs: attention_ref(q, k, *m, **attrs),
+         In((2, 4, 3)), In((2, 5, 3)), *extra, label=label)
+case("attention_weights", bind_attention(scale=1.0, causal=False, masking="keep"),
+     lambda q, k, m: attention_ref(q, k, m, scale=1.0, causal=False, masking="keep"),
+     In((2, 4, 3)), In((5, 3)), In((4, 5), BOOL), label="keep", grad=False)
+case("attention_weights", bind_attention(scale=0.5, causal=True, masking="none"),
+     lambda q, k: attention_ref(q, k, scale=0.5, causal=True, masking="none"),
+     In((2, 4, 3), F32), In((2, 5, 3), F32), label="float32")
+
+
 def differentiable(c: Case) -> bool:
     """Float64 inputs, floating-point outputs, and not excluded by the case."""
     if not (c.grad and c.float64_only):

@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
-from ..graph import reference  # noqa: E402
+from ..graph import attention, reference  # noqa: E402
 from ..graph.interpret import describe_node, eval_graph  # noqa: E402
 from ..graph.primitives import REGISTRY, index_tuple  # noqa: E402
 from .cuda_ops import POW_MESSAGE  # noqa: E402
@@ -292,6 +292,23 @@ def _in_float32(fn):
     return run
 
 
+def _attention_weights(q, k, *mask, scale, causal, masking):
+    """``graph/attention.py``'s row in ``jax.numpy`` (no arrays written in place), in float32
+    for float16/bfloat16 operands (rounded once by ``apply``)."""
+    if jnp.result_type(q) in (jnp.float16, jnp.bfloat16):
+        q, k = jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32)
+    s = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=PRECISION) * scale
+    if masking == "add":
+        s = s + mask[0]
+    keep = jnp.asarray(attention.causal_keep(s.shape[-2], s.shape[-1])) if causal else None
+    if masking == "keep":
+        keep = mask[0] if keep is None else jnp.logical_and(keep, mask[0])
+    if keep is not None:
+        s = jnp.where(keep, s, -jnp.inf)
+    s = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return s / jnp.sum(s, axis=-1, keepdims=True)
+
+
 # the reference rows applied to jax.numpy, and where JAX must be told to match NumPy
 JAX = reference.table(jnp, "jax", {
     "div": _div,
@@ -307,6 +324,7 @@ JAX = reference.table(jnp, "jax", {
     "einsum": lambda *xs, subscripts: jnp.einsum(subscripts, *xs, precision=PRECISION,
                                                  **_wide_result(*xs)),
     "conv2d": _conv2d,
+    "attention_weights": _attention_weights,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
     "fused": _fused,  # groups made by the NumPy pipeline's fusion pass, should one come here

@@ -31,6 +31,7 @@ from typing import Callable
 
 from ..dtypes import is_float  # noqa: F401 - autodiff and custom import it from here
 from ..errors import MissingRuleError
+from .attention import weights_shape as _attention_weights
 from .conv import conv2d_input_grad_shape, conv2d_shape, conv2d_weight_grad_shape
 from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported from here too
     _arg_reduce,
@@ -241,6 +242,8 @@ declare("einsum", CONTRACTION, _einsum)
 declare("conv2d", CONTRACTION, conv2d_shape)
 declare("conv2d_input_grad", CONTRACTION, conv2d_input_grad_shape)  # attr size: the input's H, W
 declare("conv2d_weight_grad", CONTRACTION, conv2d_weight_grad_shape)  # attr kernel: KH, KW
+# softmax(q @ k^T * scale, masked) (``graph/attention.py``): attrs scale, causal, masking
+declare("attention_weights", CONTRACTION, _attention_weights)
 
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)

@@ -150,6 +150,16 @@ def _einsum(g, out, needs, *xs, subscripts):
     return cts
 
 
+# -- attention's weights: the softmax's gradient on the kept weights, then two matmuls ----------
+def _attention_weights(g, out, needs, q, k, *mask, scale, causal, masking):
+    ds = out * (g - rnp.sum(g * out, axis=-1, keepdims=True))  # (masked: p = 0, so ds = 0)
+    return (unbroadcast(rnp.matmul(ds, k) * scale, q.shape) if needs[0] else None,
+            unbroadcast(rnp.matmul(rnp.swapaxes(ds, -1, -2), q) * scale, k.shape)
+            if needs[1] else None,
+            *([unbroadcast(ds, mask[0].shape) if masking == "add" and needs[2] else None]
+              if mask else []))
+
+
 # -- convolution: each of the three is linear in each operand, its gradients the other two -------
 def _conv2d(g, out, needs, x, w, **geometry):
     return (bind("conv2d_input_grad", g, w, size=x.shape[2:], **geometry) if needs[0] else None,
@@ -286,6 +296,7 @@ VJP = RuleTable("vjp", {
     "matmul": _matmul,
     "einsum": _einsum,
     "conv2d": _conv2d,
+    "attention_weights": _attention_weights,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
     "all_reduce": _all_reduce,

@@ -1,6 +1,6 @@
-"""Attention: ``scaled_dot_product_attention`` and ``MultiheadAttention``, compositions of
-``rnp`` ops (matmul, a mask by ``where``, a softmax with its maximum subtracted, matmul), so
-they run in both modes, on every backend, and differentiate through the existing rules."""
+"""Attention: ``scaled_dot_product_attention`` — the primitive ``attention_weights`` (scores,
+mask and softmax in one op, ``graph/attention.py``; its weights kept for the backward pass) and
+one ``matmul`` with the values — and ``MultiheadAttention`` on it; both modes, every backend."""
 
 from __future__ import annotations
 
@@ -10,15 +10,12 @@ import numpy as np
 
 from .. import numpy as rnp
 from ..errors import ReplicateError
+from ..graph.attention import causal_keep
+from ..graph.core import bind
 from ..state import Variable
 from . import init
 from .layers import Linear
 from .module import Module
-
-
-def _causal(length, source):
-    """PyTorch's ``is_causal`` mask: query i attends keys j <= i (top-left aligned)."""
-    return np.arange(source)[None, :] <= np.arange(length)[:, None]
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, scale=None, *,
@@ -51,22 +48,15 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
         raise ReplicateError(f"scaled_dot_product_attention: query {query.shape}, key "
                              f"{key.shape} and value {value.shape} do not fit")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = rnp.matmul(query, rnp.swapaxes(key, -1, -2)) * scale
-    if is_causal:
-        if mask is not None:
-            raise ReplicateError("scaled_dot_product_attention: is_causal=True takes no mask")
-        mask = _causal(query.shape[-2], key.shape[-2])
+    if is_causal and mask is not None:
+        raise ReplicateError("scaled_dot_product_attention: is_causal=True takes no mask")
+    masks, masking = (), "none"
     if mask is not None:
         mask = rnp.as_array(mask)
-        if mask.dtype == np.bool_:
-            scores = rnp.where(mask, scores, -np.inf)
-        else:
-            scores = scores + rnp.cast(mask, scores.dtype)
-    # softmax with the row maximum subtracted; the shift does not change the value, so no
-    # gradient flows through it
-    top = rnp.stop_gradient(rnp.max(scores, axis=-1, keepdims=True))
-    weights = rnp.exp(scores - top)
-    weights = weights / rnp.sum(weights, axis=-1, keepdims=True)
+        masking = "keep" if mask.dtype == np.bool_ else "add"
+        masks = (mask if masking == "keep" else rnp.cast(mask, query.dtype),)
+    weights = bind("attention_weights", query, key, *masks, scale=scale,
+                   causal=bool(is_causal), masking=masking)
     return rnp.matmul(weights, value)
 
 
@@ -158,7 +148,7 @@ class MultiheadAttention(Module):
             q, k, v = (self._project(t, i) for i, t in enumerate((query, key, value)))
         mask = None if attn_mask is None else self._mask(attn_mask, query.shape[0])
         if is_causal and mask is not None:
-            causal = _causal(q.shape[1], k.shape[1])
+            causal = causal_keep(q.shape[1], k.shape[1])
             mask = (rnp.logical_and(mask, causal) if mask.dtype == np.bool_
                     else rnp.where(causal, mask, -np.inf))
             is_causal = False
