@@ -39,7 +39,7 @@ SIZES = {
     "large": dict(d=256, layers=4, heads=4, ctx=128, vocab=95, batch=16),
 }
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.1
-NEG = -1e9  # the masked (future) attention scores, in every implementation
+NEG = -1e9  # the masked (future) attention scores of the peers (replicate: is_causal, -inf)
 REF = "PyTorch eager"
 LOSS_TOL = 2e-4  # relative, float32 vs the float64 reference
 
@@ -116,8 +116,8 @@ def numpy_loss(p, ids, targets, cfg):
 
 # -- replicate ------------------------------------------------------------------------------------
 def replicate_model(cfg):
-    """The GPT as rp.nn modules (no attention module or causal-mask helper in the library: both
-    are built here from rnp ops)."""
+    """The GPT as rp.nn modules, attention by ``rp.nn.scaled_dot_product_attention`` (the
+    ``attention_weights`` primitive and one matmul)."""
     import replicate as rp
     import replicate.numpy as rnp
 
@@ -134,11 +134,7 @@ def replicate_model(cfg):
             qkv = rnp.transpose(rnp.reshape(self.attn(x), (b, n, 3, nh, d // nh)),
                                 (2, 0, 3, 1, 4))                        # (3, B, H, T, hd)
             q, k, v = qkv[0], qkv[1], qkv[2]
-            s = rnp.matmul(q, rnp.swapaxes(k, -1, -2)) * (1.0 / (d // nh) ** 0.5)
-            pos = rnp.arange(n)
-            causal = rnp.expand_dims(pos, 1) >= rnp.expand_dims(pos, 0)  # (T, T), built by hand
-            s = rnp.where(causal, s, NEG)
-            y = rnp.matmul(rp.nn.softmax(s, axis=-1), v)                # (B, H, T, hd)
+            y = rp.nn.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
             return self.proj(rnp.reshape(rnp.transpose(y, (0, 2, 1, 3)), (b, n, d)))
 
     class Block(rp.nn.Module):
