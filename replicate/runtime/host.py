@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import state
 from ..context import current as current_replica
 from ..dtypes import is_float, is_supported
 from ..errors import ReplicaContextError, ReplicateError, source_line, user_frame
@@ -31,7 +32,6 @@ from ..graph.core import Array, current_trace
 from .agree import HOST, agree, digest
 from .comm import world
 from .host_rows import wide_for_sum
-from .prefetch import refuse_exchange
 
 OPS = ("sum", "mean", "max", "min")
 
@@ -108,6 +108,22 @@ def broadcast(x, root: int = 0) -> np.ndarray:
 
 
 # -- checks -------------------------------------------------------------------------------------
+def on_input_thread() -> bool:
+    """True on a prefetch thread (running ``input_fn`` ahead of the steps; it sets
+    ``state.hooks.input``, ``runtime/prefetch.py``)."""
+    return getattr(state.hooks, "input", None) is not None
+
+
+def refuse_exchange(what: str) -> None:
+    """``rp.host`` exchanges are refused on the prefetch thread."""
+    if on_input_thread():
+        raise ReplicateError(
+            f"{what} in input_fn after its first batch, with prefetch on: input_fn runs on a "
+            "background thread then, and the exchange would run concurrently with the steps' "
+            "collectives. Exchange before the first yield (that part runs on the main thread), "
+            "or pass Replicator(..., prefetch=0)")
+
+
 def _outside_step(what: str):
     refuse_exchange(what)
     if current_trace() is not None or current_replica() is not None:

@@ -30,7 +30,7 @@ What changes, by design: batches are made ahead of the parameters they will be u
 ``input_fn`` that reads ``rp.Variable`` values (a policy acting in an environment: on-policy RL)
 would see values up to ``n`` updates old; it gets a warning naming the variable, and
 ``prefetch=0`` restores the lock-step order. An exchange between processes (``rp.host``) from
-the background thread is refused: it would run concurrently with the steps' collectives.
+the background thread is refused (``runtime/host.py``): it would run concurrently with the steps' collectives.
 """
 
 from __future__ import annotations
@@ -88,11 +88,6 @@ def _draw(iterators) -> list:
     """Every iterator's next batch (None where it ran out), its arrays copied."""
     return [None if b is None else tree.tree_map(_own, b)
             for b in (next(it, None) for it in iterators)]
-
-
-def on_input_thread() -> bool:
-    """True on a prefetch thread (running ``input_fn`` ahead of the steps)."""
-    return getattr(state.hooks, "input", None) is not None
 
 
 class Prefetcher:
@@ -185,13 +180,3 @@ class Prefetcher:
 def start(iterators, depth: int) -> Prefetcher:
     """A ``Prefetcher`` over ``iterators``, ``depth`` deep (the first batches drawn here)."""
     return Prefetcher(iterators, depth, _draw(iterators))
-
-
-def refuse_exchange(what: str) -> None:
-    """``rp.host`` exchanges are refused on the prefetch thread."""
-    if on_input_thread():
-        raise ReplicateError(
-            f"{what} in input_fn after its first batch, with prefetch on: input_fn runs on a "
-            "background thread then, and the exchange would run concurrently with the steps' "
-            "collectives. Exchange before the first yield (that part runs on the main thread), "
-            "or pass Replicator(..., prefetch=0)")
