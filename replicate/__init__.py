@@ -41,17 +41,23 @@ from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .graph.devices import logical_device
 from .optim import wrap_optimizer
-from .runtime import ActorContext, ActorLearner, Replicator, callbacks, checkpoint, data, host
-from .runtime.data import shard_batches
-from .runtime.host import barrier, is_main_process, process_count, process_index
+from .runtime import ActorContext, ActorLearner, Replicator
+from .runtime.communication import host
+from .runtime.communication.host import barrier, is_main_process, process_count, process_index
+from .runtime.inputs import data
+from .runtime.inputs.data import shard_batches
+from .runtime.loop import callbacks
+from .runtime.variables import checkpoint
 from .state import Variable
 
 stop_gradient = numpy.stop_gradient  # (also rnp.stop_gradient)
 
 __version__ = "0.1.0"
 
-if runtime.comm.launched_by_mpi():  # under mpiexec: MPI, and the hooks that end the job when a
-    runtime.comm.world()  # rank fails or leaves, come up now (replicate/runtime/hooks.py)
+# under mpiexec: MPI, and the hooks that end the job when a rank fails or leaves, come up now
+# (replicate/runtime/job/hooks.py)
+if runtime.communication.comm.launched_by_mpi():
+    runtime.communication.comm.world()
 
 __all__ = [
     "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",

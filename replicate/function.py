@@ -105,7 +105,7 @@ class Function:
     def _compile(self, args):
         # a step outside a Replicator is one replica per process: its collectives (if any: only
         # then is the communicator asked for) span the processes; the runtime owns it, above
-        from .runtime.comm import world
+        from .runtime.communication.comm import world
 
         self.trace_count += 1
         return compile_step(lambda a: self.fn(*a), [args], backend=self.backend,

@@ -16,8 +16,8 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime import host as host_mod
-from replicate.runtime import prefetch as prefetch_mod
+from replicate.runtime.communication import host as host_mod
+from replicate.runtime.inputs import prefetch as prefetch_mod
 
 
 def _wait_for(cond, timeout=10.0):

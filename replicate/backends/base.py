@@ -16,7 +16,7 @@ A backend whose arrays live in device memory (``cupy``) gives its ``Executable``
 and the step keeps the variables on the device between calls (``replicate/step.py``), moving
 only the batches in and the results out; ``exe(inputs)`` still returns host arrays. A backend
 that can copy a batch to its device ahead of the step gives its ``Executable`` a ``stage``:
-``stage(leaves) -> Staged``, called on the input prefetch thread (``runtime/staging.py``).
+``stage(leaves) -> Staged``, called on the input prefetch thread (``runtime/inputs/staging.py``).
 
 Nodes whose primitive is flagged ``host`` (communication) run on the host through the reference
 table ``replicate.graph.reference.IMPL`` (a device backend may carry them on the device instead,
@@ -34,7 +34,8 @@ from ..interop import from_foreign, is_foreign
 
 # Device backends' cross-process transports, by backend name: ``fn(device) -> transport or None``
 # (None: host-staged MPI through ``IMPL``). The runtime, which owns the communicator, registers
-# them (``replicate/runtime/gpu_transport.py``); a backend asks when it first communicates.
+# them (``replicate/runtime/communication/gpu_transport.py``); a backend asks when it first
+# communicates.
 TRANSPORTS: dict = {}
 # Where a device backend's process runs (``fn(device_count) -> device index``), registered by the
 # runtime: ``local rank % device count`` under MPI.

@@ -2,7 +2,7 @@
 
 Each runs through the process's transport, chosen once, at the first communication (every rank
 reaches it at the same node: the ranks agreed on the schedule first), by the runtime
-(``TRANSPORTS["cupy"]``, ``replicate/runtime/gpu_transport.py``):
+(``TRANSPORTS["cupy"]``, ``replicate/runtime/communication/gpu_transport.py``):
 
 * ``nccl`` (each rank has its own GPU): on the device, on the transport's own stream, ordered
   after the kernels that made the operand by an event and before the kernels that read the

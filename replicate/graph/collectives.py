@@ -5,7 +5,7 @@
 records a node with its arguments, the replica's id and a sequence number (``bind_collective``).
 Each has its rows like any primitive: the shape rule here, the gradient in ``vjp_rules.py``, the
 rewrite into communication in ``passes/replicate_collectives.py`` and the eager implementation
-(one replica per process, run at once) in ``runtime/host_rows.py``.
+(one replica per process, run at once) in ``runtime/communication/host_rows.py``.
 
 The rewrite produces ``local_reduce`` (the in-process combine), ``mpi_*`` (one cross-process
 collective) and, with gradient bucketing, ``comm_start``/``comm_wait`` (a flat buffer reduced on

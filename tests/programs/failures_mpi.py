@@ -12,8 +12,8 @@ import sys
 import numpy as np
 
 import replicate as rp
-from replicate.runtime.comm import world
-from replicate.runtime.mpi_shm import mapped
+from replicate.runtime.communication.comm import world
+from replicate.runtime.job.mpi_shm import mapped
 
 
 def scenario(name, rank, mode):

@@ -22,7 +22,8 @@ import numpy as np  # noqa: E402
 import conftest  # noqa: E402, F401
 import replicate as rp  # noqa: E402
 import replicate.numpy as rnp  # noqa: E402
-from replicate.runtime import device_collectives, watchdog  # noqa: E402
+from replicate.runtime.communication import device_collectives  # noqa: E402
+from replicate.runtime.job import watchdog  # noqa: E402
 
 rank = rp.process_index()
 if rank == 1:
