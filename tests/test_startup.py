@@ -347,10 +347,10 @@ def test_local_variables_and_generators_are_left_out_of_the_configuration():
     from replicate.runtime.checks.config import fields
 
     rep = rp.Replicator(lambda ctx: iter([]), lambda batch: None)
-    before = fields(rep)["variables"]
+    before = fields(rep.settings)["variables"]
     own = [rp.Variable(np.zeros(2), local=True), rnp.random.Generator(local=True)]
-    assert fields(rep)["variables"] == before
+    assert fields(rep.settings)["variables"] == before
     shared = rp.Variable(np.zeros((2, 3), np.float32))
-    assert fields(rep)["variables"] == before + [((2, 3), "float32")]
+    assert fields(rep.settings)["variables"] == before + [((2, 3), "float32")]
     del own, shared
-    assert fields(rep)["variables"] == before  # gone with the last reference
+    assert fields(rep.settings)["variables"] == before  # gone with the last reference

@@ -173,7 +173,7 @@ class ActorLearner:
 
     def _learn(self, pool, steps, callbacks, progress, metrics) -> list:
         rep = self.replicator
-        rep._iterators = None  # (the input restarts with the actors: its replicas' generators)
+        rep.restart_input()  # (the input restarts with the actors: its replicas' generators)
         took = None
         if self._link is not None:
             self._link.inbox = self.inbox

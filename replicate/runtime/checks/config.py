@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from dataclasses import dataclass
 
 from ...errors import ConfigMismatchError, source_line, user_frame
 from ...state import live_variables
@@ -28,25 +29,42 @@ from ..communication.agree import CONFIG, agree, digest
 from ..job import watchdog
 
 
-def fields(rep) -> dict:
-    """The configuration of ``rep`` as plain values that print alike in every process."""
-    options = dataclasses.asdict(rep.options)
+@dataclass(frozen=True)
+class Settings:
+    """A ``Replicator``'s configuration, fixed at its construction (its arguments, checked)."""
+
+    mode: str
+    backend: object
+    replicas_per_rank: int
+    logical_devices: int
+    micro_batches: int
+    outputs: str
+    options: object
+    check_finite: bool
+    check_sync: bool | int
+    collective_timeout: float | None  # (None: the process's current one)
+
+
+def fields(settings: Settings) -> dict:
+    """``settings`` as plain values that print alike in every process."""
+    options = dataclasses.asdict(settings.options)
     options["disable"] = sorted(options["disable"])
+    backend = settings.backend
     return {
-        "mode": rep.mode,
-        "backend": rep.backend.name,
+        "mode": settings.mode,
+        "backend": backend.name,
         # how this process's backend sends a gradient bucket (the JAX backend: as its parts,
         # or packed where its step is cut into segments): the exchanges differ
-        "bucket_exchange": getattr(rep.backend, "bucket_exchange", lambda: "packed")(),
-        "replicas_per_rank": rep.k,
-        "logical_devices": rep.layout.m,
-        "micro_batches": rep.layout.micro,
-        "outputs": rep.outputs,
+        "bucket_exchange": getattr(backend, "bucket_exchange", lambda: "packed")(),
+        "replicas_per_rank": settings.replicas_per_rank,
+        "logical_devices": settings.logical_devices,
+        "micro_batches": settings.micro_batches,
+        "outputs": settings.outputs,
         "options": options,
-        "check_finite": rep.check_finite,
-        "check_sync": rep.check_sync,
-        "collective_timeout": (watchdog.current_timeout() if rep.collective_timeout is None
-                               else rep.collective_timeout),
+        "check_finite": settings.check_finite,
+        "check_sync": settings.check_sync,
+        "collective_timeout": (watchdog.current_timeout() if settings.collective_timeout is None
+                               else settings.collective_timeout),
         "variables": [(tuple(v.shape), str(v.dtype)) for v in _shared_variables()],
     }
 
@@ -55,25 +73,25 @@ def _shared_variables() -> list:
     return [v for v in live_variables() if not v.local]
 
 
-def agree_config(rep) -> None:
-    """Compare ``rep``'s configuration across the ranks of ``rep.comm``; raise
-    ``ConfigMismatchError`` on every rank when it differs."""
-    if rep.comm.size == 1:
+def agree_config(comm, settings: Settings) -> None:
+    """Compare ``settings`` across the ranks of ``comm``; raise ``ConfigMismatchError`` on every
+    rank when they differ."""
+    if comm.size == 1:
         return
-    mine = fields(rep)
+    mine = fields(settings)
     where = source_line(user_frame())
-    agree(rep.comm, CONFIG, digest(repr(mine)),
+    agree(comm, CONFIG, digest(repr(mine)),
           describe=lambda: f"constructing a Replicator at {where}",
-          differ=lambda: _differ(rep, mine, where))
+          differ=lambda: _differ(comm, settings, mine, where))
 
 
-def _differ(rep, mine, where) -> None:
-    everyone = rep.comm.allgather_obj(_with_names(mine))
+def _differ(comm, settings, mine, where) -> None:
+    everyone = comm.allgather_obj(_with_names(mine))
     differing = [name for name in mine if len({repr(f[name]) for f in everyone}) > 1]
     if differing == ["variables"]:  # garbage not yet collected on some rank? look again
         gc.collect()
-        mine = fields(rep)
-        everyone = rep.comm.allgather_obj(_with_names(mine))
+        mine = fields(settings)
+        everyone = comm.allgather_obj(_with_names(mine))
         differing = [name for name in mine if len({repr(f[name]) for f in everyone}) > 1]
         if not differing:
             return
@@ -126,4 +144,4 @@ def _variables_line(everyone) -> str:
     return line
 
 
-__all__ = ["agree_config", "fields"]
+__all__ = ["Settings", "agree_config", "fields"]

@@ -116,15 +116,17 @@ def first_non_finite_node(graph, inputs):
     return found
 
 
-def check(rep, outputs, step, updates=(), flags=None) -> None:
+def check(outputs, step, updates=(), flags=None, *, rank=0, world_rank=None,
+          last_step=None) -> None:
     """Raise ``NonFiniteError`` (on every rank alike) if the reduced outputs, or any rank's
     variable updates, are not finite. ``updates``: this rank's findings
-    (``non_finite_updates``); ``flags``: per rank, whether it found any."""
+    (``non_finite_updates``); ``flags``: per process of the outputs' communicator, whether it
+    found any (``world_rank``: such a process's world rank, with model parallelism);
+    ``last_step``: graph mode, ``(graph, inputs)`` of the step, re-run to name the first op."""
     bad = non_finite_outputs(outputs) + list(updates)
-    # flags: per process of the outputs' communicator (model parallelism: this device's group)
-    rank_of = getattr(getattr(rep, "layout", None), "world_rank", lambda r: r)
+    rank_of = world_rank or (lambda r: r)
     ranks = [] if flags is None else [rank_of(r) for r, f in enumerate(flags)
-                                      if f and rank_of(r) != rep.rank]
+                                      if f and rank_of(r) != rank]
     if not bad and not ranks:
         return
     lines = [f"step {step}: non-finite values (check_finite=True); the variables keep their "
@@ -132,11 +134,10 @@ def check(rep, outputs, step, updates=(), flags=None) -> None:
     lines += [f"  {b}" for b in bad]
     if ranks:
         lines.append(f"  rank(s) {ranks} found non-finite values in their variable updates")
-    last = getattr(rep, "_last_step", None)
-    if rep.mode == "graph" and last is not None:
-        graph, inputs = last
+    if last_step is not None:
+        graph, inputs = last_step
         found = first_non_finite_node(graph, inputs)
-        lines.append(f"  first non-finite value (rank {rep.rank}, NumPy reference re-run): "
+        lines.append(f"  first non-finite value (rank {rank}, NumPy reference re-run): "
                      + (found or "none on this rank: it comes from another rank's replicas"))
     else:
         lines.append("  (graph mode also names the first op that produced it)")

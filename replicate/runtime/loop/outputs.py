@@ -13,6 +13,8 @@ processes from every step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ... import tree
@@ -24,24 +26,34 @@ from ..communication.agree import OUTPUTS, agree, digest
 LIMIT = 256  # steps whose outputs may wait for one exchange
 
 
-def reduce_outputs(rep, results, flag=None):
-    """results: per local replica, a list of leaves -> one nest reduced over all replicas.
-    With ``flag`` (a bool of this rank's), also every rank's flag: ``(outputs, flags)``,
-    the flags carried in the same exchange.
+@dataclass(frozen=True)
+class Gathering:
+    """How a ``Replicator``'s step outputs are gathered, fixed at its construction."""
+
+    how: str  # ``outputs=``: "mean", "sum" or "per_replica"
+    comm: object  # the outputs' communicator (model parallelism: this device's group)
+    agree_on: object  # eager mode on several processes: the communicator agreed on first
+    step_fn: object  # (named where the processes disagree)
+
+
+def reduce_outputs(gathering, out_tree, step, results, flag=None):
+    """results: per local replica, a list of leaves of step ``step`` -> one nest (``out_tree``)
+    reduced over all replicas. With ``flag`` (a bool of this rank's), also every rank's flag:
+    ``(outputs, flags)``, the flags carried in the same exchange.
 
     Eager mode first agrees on what is gathered (a tagged exchange): a rank still in a
     collective that the others do not call meets it as a mismatch. (Graph mode compared
     the outputs with the collective schedule when it compiled the step.)"""
-    if rep.mode == "eager" and rep.num_ranks > 1:
+    if gathering.agree_on is not None:
         what = ", ".join(str(aval_of(x)) for x in results[0])
-        agree(rep.comm, OUTPUTS, digest(f"{rep._out_tree}|{what}"), describe=lambda: (
-            f"the end of step {rep.step + 1}: gathering the outputs ({what}) of step_fn "
-            f"{function_location(rep.step_fn)}"))
-    gathered = gather_outputs(rep.layout.outputs_comm, results, flag)  # one exchange
+        agree(gathering.agree_on, OUTPUTS, digest(f"{out_tree}|{what}"), describe=lambda: (
+            f"the end of step {step}: gathering the outputs ({what}) of step_fn "
+            f"{function_location(gathering.step_fn)}"))
+    gathered = gather_outputs(gathering.comm, results, flag)  # one exchange
     if flag is not None:
         gathered, flags = gathered
-    reduced = [OUTPUT_REDUCTIONS[rep.outputs](everyone) for everyone in gathered]
-    outputs = tree.unflatten(rep._out_tree, reduced)
+    reduced = [OUTPUT_REDUCTIONS[gathering.how](everyone) for everyone in gathered]
+    outputs = tree.unflatten(out_tree, reduced)
     return outputs if flag is None else (outputs, flags)
 
 
@@ -49,19 +61,18 @@ class Deferred:
     """The outputs of the steps not gathered yet; ``run``'s history holds a placeholder for
     each until ``flush`` puts the reduced outputs in their place."""
 
-    def __init__(self, rep):
-        self.rep = rep
+    def __init__(self, gathering):
+        self.gathering = gathering
         self.waiting = []  # (out_tree, results) per step, in step order
 
     @staticmethod
-    def wanted(rep, callbacks) -> bool:
-        return (rep.mode == "graph" and not callbacks and not rep.check_finite
-                and rep.layout.outputs_comm.size > 1)
+    def wanted(mode, check_finite, gathering, callbacks) -> bool:
+        return mode == "graph" and not callbacks and not check_finite and gathering.comm.size > 1
 
-    def add(self, results):
+    def add(self, out_tree, results):
         # copies, as the per-step exchange makes: an output may be an array the program was
         # given (a batch leaf an input_fn refills in place, with prefetch=0)
-        self.waiting.append((self.rep._out_tree,
+        self.waiting.append((out_tree,
                              [[np.array(x, copy=True) for x in leaves] for leaves in results]))
         return None  # the placeholder
 
@@ -73,14 +84,14 @@ class Deferred:
         ``history``."""
         if not self.waiting:
             return
-        rep, waiting = self.rep, self.waiting
+        gathering, waiting = self.gathering, self.waiting
         k = len(waiting[0][1])
         every = [[leaf for _, results in waiting for leaf in results[r]] for r in range(k)]
-        gathered = gather_outputs(rep.layout.outputs_comm, every)
+        gathered = gather_outputs(gathering.comm, every)
         first, j = len(history) - len(waiting), 0
         for i, (out_tree, results) in enumerate(waiting):
             n = len(results[0])
-            reduced = [OUTPUT_REDUCTIONS[rep.outputs](g) for g in gathered[j:j + n]]
+            reduced = [OUTPUT_REDUCTIONS[gathering.how](g) for g in gathered[j:j + n]]
             history[first + i] = tree.unflatten(out_tree, reduced)
             j += n
         self.waiting = []

@@ -25,7 +25,7 @@ from ...graph.trace import signature
 from ...numpy import as_array
 from ...step import StepCache
 from ..checks import nan_check, sync_check
-from ..checks.config import agree_config
+from ..checks.config import Settings, agree_config
 from ..checks.entry import (
     BatchChecker,
     check_arguments,
@@ -43,7 +43,7 @@ from ..job import hooks, watchdog
 from ..variables.checkpoint import restore as restore_checkpoint
 from .callbacks import MetricsLog, Progress
 from .layout import Layout
-from .outputs import Deferred, reduce_outputs
+from .outputs import Deferred, Gathering, reduce_outputs
 
 
 class Replicator:
@@ -120,8 +120,14 @@ class Replicator:
         self._journal = nan_check.WriteJournal()  # eager + check_finite: values before a step
         self._stop = False  # rep.stop() was called (by a callback) on this rank
         self._pending = None  # batches drawn at the step start where the ranks agreed to stop
-        agree_config(self)  # every rank constructed it alike (one small exchange)
+        self._last_step = None  # graph mode + check_finite: (graph, inputs) of the last step
+        self.settings = Settings(self.mode, self.backend, self.k, self.layout.m,
+                                 self.layout.micro, outputs, self.options, self.check_finite,
+                                 self.check_sync, collective_timeout)
+        agree_config(self.comm, self.settings)  # every rank constructed it alike (one exchange)
         self.layout.connect()  # (model parallelism: its groups' communicators)
+        self._gathering = Gathering(outputs, self.layout.outputs_comm, self.comm if (
+            self.mode == "eager" and self.num_ranks > 1) else None, self.step_fn)
         if collective_timeout is not None:
             watchdog.set_timeout(collective_timeout)
 
@@ -148,7 +154,8 @@ class Replicator:
         if bar:
             callbacks.append(bar)
         history = []
-        self._deferred = Deferred(self) if Deferred.wanted(self, callbacks) else None
+        self._deferred = Deferred(self._gathering) if Deferred.wanted(
+            self.mode, self.check_finite, self._gathering, callbacks) else None
         try:
             while steps is None or len(history) < steps:
                 watchdog.set_step(self.step + 1, "input")
@@ -204,11 +211,15 @@ class Replicator:
         info = restore_checkpoint(path, state, comm=self.comm)
         self.step = int(info["step"])
         self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
+        self.restart_input()
+        self._synced.clear()
+        return self.step
+
+    def restart_input(self) -> None:
+        """The input functions start anew at the next ``run`` (their iterators made again)."""
         if self._prefetcher is not None:
             self._prefetcher.close()
         self._iterators, self._prefetcher = None, None
-        self._synced.clear()
-        return self.step
 
     def variables(self) -> list:
         """The variables the steps run so far read or write (one copy on every rank)."""
@@ -294,12 +305,14 @@ class Replicator:
             commit, updates = (lambda: step.commit(values)), step.updates(values)
         if self.check_finite:
             bad = self.layout.non_finite_updates(updates)
-            outputs, flags = reduce_outputs(self, results, flag=bool(bad))
+            outputs, flags = reduce_outputs(self._gathering, self._out_tree, self.step + 1,
+                                            results, flag=bool(bad))
             with self._journal.undo_on_error():
-                nan_check.check(self, outputs, self.step + 1, bad, flags)
+                nan_check.check(outputs, self.step + 1, bad, flags, rank=self.rank,
+                                world_rank=self.layout.world_rank, last_step=self._last_step)
         else:
-            outputs = self._deferred.add(results) if self._deferred else \
-                reduce_outputs(self, results)
+            outputs = self._deferred.add(self._out_tree, results) if self._deferred else \
+                reduce_outputs(self._gathering, self._out_tree, self.step + 1, results)
         if commit is not None:
             commit()
         return outputs
