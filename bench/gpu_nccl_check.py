@@ -44,11 +44,13 @@ def one():
     t = NcclTransport(SelfComm(), cupy, nccl)
     x = cupy.asarray(np.random.default_rng(0).standard_normal(1001).astype(np.float32))
     for op in ("sum", "max"):
-        got = t.wait(t.allreduce(x, op)) * 1.0  # a kernel after the wait reads the result
+        got = t.allreduce(x, op) * 1.0  # a kernel after the collective reads the result
         assert got.get().tobytes() == x.get().tobytes(), op
-    gathered = t.wait(t.allgather(x))
+        got = t.wait(t.start(x, op)) * 1.0  # a bucket's: started, then waited for
+        assert got.get().tobytes() == x.get().tobytes(), op
+    gathered = t.allgather(x)
     assert gathered.shape == (1, 1001) and (gathered[0] == x).all()
-    assert (t.wait(t.broadcast(x, 0)) == x).all()
+    assert (t.broadcast(x, 0) == x).all()
     print(f"1-rank NCCL communicator (NCCL {nccl.get_version()}, GPU {t.comm.device_id()}): "
           "all-reduce, all-gather, broadcast as the operand", flush=True)
 

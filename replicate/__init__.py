@@ -7,13 +7,14 @@
 """
 
 from . import (
+    collectives,
     dtypes,
     nn,
     numpy,  # noqa: F401  (installs the array operators)
     optim,
     runtime,
 )
-from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
+from .collectives import *  # noqa: F403  (every collective: collectives.__all__)
 from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond, switch
@@ -64,8 +65,8 @@ __all__ = [
     "ReplicateError", "InputError", "NonFiniteError", "NumpyConversionError", "CheckpointError",
     "DivergenceError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "switch", "function", "grad",
-    "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
-    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
+    "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator",
+    *collectives.__all__, "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",

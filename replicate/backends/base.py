@@ -27,14 +27,36 @@ between two host nodes may be a handle, not an array: pass it through untouched)
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 import numpy as np
 
 from ..interop import from_foreign, is_foreign
 
-# Device backends' cross-process transports, by backend name: ``fn(device) -> transport or None``
-# (None: host-staged MPI through ``IMPL``). The runtime, which owns the communicator, registers
-# them (``replicate/runtime/communication/gpu_transport.py``); a backend asks when it first
+
+class Transport(Protocol):
+    """How a process's exchanges run: the host's MPI, NCCL or a CUDA-aware MPI, each reducing
+    in rank order, bitwise alike. An exchange node calls it through
+    ``graph.collectives.EXCHANGES``. ``comm``: the label of a group of processes (model
+    parallelism), None for the replicas' communicator; ``owned``: the operand is a scratch
+    buffer the transport may write over (a gradient bucket)."""
+
+    kind: str  # "host", "nccl", "cuda-aware-mpi"
+
+    def allreduce(self, x, op: str, owned: bool = False, comm=None): ...
+
+    def allgather(self, x, comm=None): ...  # (processes, *x.shape)
+
+    def broadcast(self, x, root: int, comm=None): ...
+
+    def start(self, x, op: str, owned: bool = False, comm=None): ...  # a bucket's allreduce
+
+    def wait(self, handle): ...  # the result of ``start``
+
+
+# Device backends' cross-process transports, by backend name: ``fn(device) -> Transport`` (on
+# the device, or host-staged). The runtime, which owns the communicator, registers them
+# (``replicate/runtime/communication/gpu_transport.py``); a backend asks when it first
 # communicates.
 TRANSPORTS: dict = {}
 # Where a device backend's process runs (``fn(device_count) -> device index``), registered by the

@@ -22,11 +22,11 @@ import numpy as np
 from ...errors import CollectiveMismatchError
 
 _TAG = 0x5245504C << 8  # "REPL": a header is recognisable as one
-STEP, COLLECTIVE, SYNC, OUTPUTS, CONFIG, SAVE, RESTORE, VERIFY, HOST = 1, 2, 3, 4, 5, 6, 7, 8, 9
+STEP, COLLECTIVE, SYNC, OUTPUTS, CONFIG, SAVE, RESTORE, VERIFY, HOST, FUNCTION = range(1, 11)
 KIND_NAMES = {STEP: "step start", COLLECTIVE: "collective", SYNC: "variable sync",
               OUTPUTS: "step outputs", CONFIG: "Replicator construction",
               SAVE: "checkpoint save", RESTORE: "checkpoint restore",
-              VERIFY: "variable comparison", HOST: "host exchange"}
+              VERIFY: "variable comparison", HOST: "host exchange", FUNCTION: "rp.function call"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -79,4 +79,4 @@ def _mismatch(comm, rows, describe):
 
 
 __all__ = ["agree", "digest", "STEP", "COLLECTIVE", "SYNC", "OUTPUTS", "CONFIG", "SAVE",
-           "RESTORE", "VERIFY"]
+           "RESTORE", "VERIFY", "HOST", "FUNCTION"]

@@ -1,6 +1,7 @@
 """Collectives on device arrays (CuPy), for a device backend's communication nodes
-(``replicate/backends/cupy_comm.py``): over NCCL, or over a CUDA-aware MPI. Which one a process
-uses is chosen in ``gpu_transport.py``.
+(``replicate/backends/cupy_comm.py``): over NCCL, or over a CUDA-aware MPI — two transports
+(``backends.base.Transport``: ``allreduce``, ``allgather``, ``broadcast``, ``start``, ``wait``)
+beside the host's (``transport.py``). Which one a process uses is chosen in ``gpu_transport.py``.
 
 Reductions are fixed-order and bitwise those of the host path (``comm.py``): the flat buffer,
 padded to ``ranks x chunk`` elements, goes through an all-to-all (rank r receives chunk r of
@@ -10,9 +11,9 @@ Everything travels as bytes, so every dtype (bool, float16) goes as it is.
 
 NCCL runs on a stream of its own: before a collective that stream waits for an event recorded
 after the kernels that made its operand, and the kernels that read its result wait for an event
-recorded after it — the host never waits. A bucket's ``comm_start`` returns a :class:`Pending`
-at once (its arrays kept alive until ``comm_wait``), so the reduction overlaps the rest of the
-backward pass. A CUDA-aware MPI is not stream-aware: the operand's stream is synchronised
+recorded after it — the host never waits. A bucket's ``start`` returns a :class:`Pending` at
+once (its arrays kept alive until ``wait``), so the reduction overlaps the rest of the backward
+pass. A CUDA-aware MPI is not stream-aware: the operand's stream is synchronised
 first, and the call returns when it is done.
 
 The stall watchdog (``watchdog.py``) sees every collective as it sees an MPI one: numbered on
@@ -49,6 +50,9 @@ _DONE = _Done()
 
 
 class _Transport:
+    """A device transport (``backends.base.Transport``). Its communicator spans the world's
+    processes: ``comm`` (a group's label, model parallelism) is not looked at."""
+
     kind = "?"
 
     def __init__(self, comm, cupy):
@@ -56,38 +60,37 @@ class _Transport:
         self.ufuncs = {"sum": cupy.add, "max": cupy.maximum, "min": cupy.minimum}
         self.label, self.seq = self.kind, 0  # the watchdog's view: calls entered, every rank
         TRACKER.comms[self.label] = self
+        self._last_event = None
 
-    def run(self, prim, xs, attrs):
-        """Communication node ``prim`` on device operands ``xs`` (watched by the watchdog)."""
-        if prim == "comm_wait":  # (its collective is watched from its comm_start)
-            return self._run(prim, xs, attrs)
+    def allreduce(self, x, op: str, owned: bool = False, comm=None):
+        return self._watched(f"allreduce({op})", x, lambda: self.wait(self._allreduce(x, op)))
+
+    def start(self, x, op: str, owned: bool = False, comm=None) -> Pending:
+        """A bucket's all-reduce, started now and waited for where it is read."""
+        return self._watched(f"allreduce({op}) (bucket)", x, lambda: self._allreduce(x, op))
+
+    def allgather(self, x, comm=None):
+        return self._watched("allgather", x, lambda: self.wait(self._gather(x)))
+
+    def broadcast(self, x, root: int, comm=None):
+        return self._watched(f"broadcast(root={root})", x, lambda: self.wait(
+            self._broadcast(self.cp.array(x, copy=True, order="C"), root)))
+
+    def _watched(self, op: str, x, run):
+        """``run()``, one collective as the watchdog sees it: numbered on this transport's
+        label, in flight until its event is done on the device."""
         device_calls()  # drop the finished ones
         seq, self.seq = self.seq, self.seq + 1
-        op = {"mpi_allreduce": "allreduce({})", "comm_start": "allreduce({}) (bucket)",
-              "mpi_allgather": "allgather", "mpi_broadcast": "broadcast(root={})"}.get(prim, prim)
-        entry = [Call(self.label, seq, op.format(attrs.get("op", attrs.get("root"))), xs[0],
-                      TRACKER.step, TRACKER.phase, get_ident(), monotonic()), None]
+        entry = [Call(self.label, seq, op, x, TRACKER.step, TRACKER.phase, get_ident(),
+                      monotonic()), None]
         TRACKER.device[(self.label, seq)] = entry
-        out = self._run(prim, xs, attrs)
+        self._last_event = None
+        out = run()
         # done when its event is (None: it blocked the host until it was done)
         entry[1] = (out.event if isinstance(out, Pending) else self._last_event) or _DONE
         return out
 
-    def _run(self, prim, xs, attrs):
-        self._last_event = None
-        if prim == "mpi_allreduce":
-            return self.wait(self.allreduce(xs[0], attrs["op"]))
-        if prim == "comm_start":  # a bucket: started now, waited for where it is read
-            return self.allreduce(xs[0], attrs["op"])
-        if prim == "comm_wait":
-            return self.wait(xs[0])
-        if prim == "mpi_allgather":
-            return self.wait(self.allgather(xs[0]))
-        if prim == "mpi_broadcast":
-            return self.wait(self.broadcast(xs[0], attrs["root"]))
-        raise ReplicateError(f"internal error: no device collective for {prim!r}")
-
-    def allreduce(self, x, op: str) -> Pending:
+    def _allreduce(self, x, op: str) -> Pending:
         cp, n = self.cp, self.size
         if op not in self.ufuncs:
             raise ReplicateError(f"internal error: reduction {op!r} on device buffers")
@@ -108,13 +111,10 @@ class _Transport:
         pending.value = out[:flat.size].reshape(x.shape)
         return pending
 
-    def allgather(self, x) -> Pending:
+    def _gather(self, x) -> Pending:
         x = self.cp.ascontiguousarray(x).reshape(x.shape)  # (it makes a 0-d array 1-d)
         out = self.cp.empty((self.size,) + x.shape, x.dtype)
         return self._allgather(x, out)
-
-    def broadcast(self, x, root: int) -> Pending:
-        return self._broadcast(self.cp.array(x, copy=True, order="C"), root)
 
     def wait(self, pending: Pending):
         self._last_event = pending.event

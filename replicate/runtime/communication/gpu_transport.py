@@ -40,6 +40,7 @@ from ...debug import debug_enabled
 from ...errors import ReplicateError
 from .comm import world
 from .device_collectives import MPITransport, NcclTransport
+from .transport import HostStaged
 
 ENV = "REPLICATE_TRANSPORT"
 KINDS = ("auto", "nccl", "cuda-aware-mpi", "host")
@@ -147,7 +148,8 @@ def place(count: int) -> int | None:
 
 
 def for_device(device):
-    """The transport of this process for a device backend (None: host-staged), chosen once."""
+    """The transport of this process for a device backend (``HostStaged``: through the host),
+    chosen once."""
     import cupy
 
     comm = world()
@@ -166,7 +168,7 @@ def for_device(device):
     if debug_enabled("transport"):
         print(f"[replicate] {message}", file=sys.stderr, flush=True)
     if kind == "host":
-        return None
+        return HostStaged(device)
     return NcclTransport(comm, cupy, nccl) if kind == "nccl" else MPITransport(comm, cupy)
 
 

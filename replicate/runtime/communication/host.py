@@ -25,13 +25,12 @@ import numpy as np
 
 from ... import state
 from ...context import current as current_replica
-from ...dtypes import is_float, is_supported
+from ...dtypes import LOW_PRECISION, is_float, is_supported
 from ...errors import ReplicaContextError, ReplicateError, source_line, user_frame
 from ...graph.aval import AVal
 from ...graph.core import Array, current_trace
 from .agree import HOST, agree, digest
 from .comm import world
-from .host_rows import wide_for_sum
 
 OPS = ("sum", "mean", "max", "min")
 
@@ -77,6 +76,11 @@ def all_reduce(x, op: str) -> np.ndarray:
     out = comm.allreduce(wide_for_sum(x, op).reshape(-1), "sum" if op == "mean" else op)
     out = out.reshape(x.shape) / comm.size if op == "mean" else out.reshape(x.shape)
     return out.astype(x.dtype, copy=False)
+
+
+def wide_for_sum(x, op):
+    """A float16/bfloat16 sum is taken in float32 and rounded once (as the collectives do)."""
+    return x.astype(np.float32) if x.dtype in LOW_PRECISION and op in ("sum", "mean") else x
 
 
 def all_gather(x) -> np.ndarray:

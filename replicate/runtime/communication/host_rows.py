@@ -1,30 +1,31 @@
 """The reference table's communication rows: what each collective primitive does on the host.
 
-The graph layer declares the collectives (``graph/collectives.py``) but cannot talk to other
-processes; this module, which owns the communicator, fills their rows of the reference table
-``IMPL`` when the runtime is imported (``replicate`` imports it):
+The graph layer declares the collectives (``graph/collectives.py``) and writes what they mean
+once, as rows of the collective rewrite (``LOWER`` in ``graph/passes/replicate_collectives.py``),
+but cannot talk to other processes; this module, which owns the communicator, fills their rows
+of the reference table ``IMPL`` when the runtime is imported (``replicate`` imports it):
 
-* the placeholders run at once in eager mode, one replica per process;
-* ``mpi_*`` and ``comm_start``/``comm_wait`` are what the compiled step's rewrite and bucketing
-  produced.
+* the placeholders run at once in eager mode, one replica per process: the processes agree on
+  the call, then the collective's ``LOWER`` row runs eagerly (k = 1 replica here, n processes);
+* ``mpi_*`` and ``comm_start``/``comm_wait`` — what the rewrite and bucketing produce, and what
+  an eager row runs — call the host's transport (``transport.HOST``) through
+  ``graph.collectives.EXCHANGES``.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...context import current as current_replica
-from ...dtypes import LOW_PRECISION
 from ...errors import ReplicaContextError, source_line, user_frame
 from ...graph.aval import AVal
+from ...graph.collectives import EXCHANGES, PLACEHOLDERS
+from ...graph.core import concrete
+from ...graph.passes.replicate_collectives import lower
 from ...graph.reference import IMPL
 from .agree import COLLECTIVE, agree, digest
-from .comm import group, replicas
-from .overlap import reduce_parts, start_allreduce
+from .comm import replicas
+from .transport import HOST
 
 _HOST = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast"}
-_ARGS = {"all_reduce": ("op",), "all_gather": ("axis", "tiled"), "broadcast": ("root",),
-         "reduce_scatter": ("op", "axis"), "permute": ("shift",)}
 
 
 def _eager(kind, x, num_replicas, attrs):
@@ -46,66 +47,26 @@ def _eager(kind, x, num_replicas, attrs):
         raise ReplicaContextError(f"eager collectives need one replica per process: {num_replicas} "
                          f"replicas on {comm.size} processes")
     if comm.size > 1:
-        args = ", ".join(f"{k}={attrs[k]!r}" for k in _ARGS[kind])
+        args = ", ".join(f"{k}={v!r}" for k, v in attrs.items())  # (as the wrapper passed them)
         mine = f"{kind}({AVal(tuple(x.shape), x.dtype)}, {args})"
         agree(comm, COLLECTIVE, digest(mine),
               describe=lambda: f"{mine} at {source_line(user_frame())}")
     return comm
 
 
-def _all_reduce(x, *, num_replicas, replica, seq, op):
-    comm = _eager("all_reduce", x, num_replicas, dict(op=op))
-    out = comm.allreduce(wide_for_sum(x, op), "sum" if op == "mean" else op)
-    out = out / num_replicas if op == "mean" else out
-    return out.astype(x.dtype) if out.dtype != x.dtype else out
+def _eager_row(kind):
+    """The eager row of placeholder ``kind``: agree, then run its ``LOWER`` row at once."""
+    def run(x, *, num_replicas, replica, seq, **attrs):
+        comm = _eager(kind, x, num_replicas, attrs)
+        out, = lower(kind, [concrete(x)], k=1, n=comm.size, rank=replica,
+                     num_replicas=num_replicas, **attrs)
+        return out.value
+    return run
 
 
-def wide_for_sum(x, op):
-    """A float16/bfloat16 sum is taken in float32 and rounded once (as in graph mode)."""
-    return x.astype(np.float32) if x.dtype in LOW_PRECISION and op in ("sum", "mean") else x
+def _on_host(call):
+    return lambda *xs, **attrs: call(HOST, *xs, **attrs)
 
 
-def _broadcast(x, *, num_replicas, replica, seq, root):
-    return _eager("broadcast", x, num_replicas, dict(root=root)).bcast(x, root)
-
-
-def _all_gather(x, *, num_replicas, replica, seq, axis, tiled):
-    gathered = _eager("all_gather", x, num_replicas, dict(axis=axis, tiled=tiled)).allgather(x)
-    out = np.moveaxis(gathered, 0, axis)  # (R, ...) -> the replicas' axis where asked
-    if tiled:
-        shape = list(x.shape)
-        shape[axis] *= num_replicas
-        out = out.reshape(shape)
-    return out
-
-
-def _reduce_scatter(x, *, num_replicas, replica, seq, op, axis):
-    gathered = _eager("reduce_scatter", x, num_replicas, dict(op=op, axis=axis)).allgather(x)
-    gathered = wide_for_sum(gathered, op)
-    total = gathered.sum(0) if op in ("sum", "mean") else getattr(gathered, op)(0)
-    if op == "mean":
-        total = total / num_replicas
-    total = total.astype(x.dtype)
-    chunk = x.shape[axis] // num_replicas
-    return np.take(total, np.arange(replica * chunk, (replica + 1) * chunk), axis=axis)
-
-
-def _permute(x, *, num_replicas, replica, seq, shift):
-    gathered = _eager("permute", x, num_replicas, dict(shift=shift)).allgather(x)
-    return gathered[(replica - shift) % num_replicas]
-
-
-IMPL.update({
-    "all_reduce": _all_reduce, "all_gather": _all_gather, "broadcast": _broadcast,
-    "reduce_scatter": _reduce_scatter, "permute": _permute,
-    # (comm: the communicator of a device's processes, with model parallelism; else the world)
-    # (a list: an unpacked bucket's parts, reduced over themselves; see overlap.reduce_parts)
-    "mpi_allreduce": lambda x, op, owned=False, comm=None, **_: (
-        reduce_parts(group(comm), x, op) if isinstance(x, list)
-        else group(comm).allreduce(x, op, owned)),
-    "mpi_allgather": lambda x, size, comm=None, **_: group(comm).allgather(x),
-    "mpi_broadcast": lambda x, root, comm=None, **_: group(comm).bcast(x, root),
-    "comm_start": lambda x, *, op, owned=False, comm=None, **_: start_allreduce(x, op, owned,
-                                                                                 comm),
-    "comm_wait": lambda handle, **_: handle.result(),
-})
+IMPL.update({kind: _eager_row(kind) for kind in PLACEHOLDERS})
+IMPL.update({prim: _on_host(call) for prim, call in EXCHANGES.items()})

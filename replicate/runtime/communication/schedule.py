@@ -5,13 +5,23 @@ exchanges as written, ``replicate.compiler.collective_schedule``). When a rank c
 rank compares schedules (``check_schedules``); afterwards each step's start-of-step header
 carries the schedule's fingerprint (``Schedules.fingerprint``), and when a rank compiles anew
 (its batches changed shape) or the ranks' fingerprints differ, every rank compares schedules at
-that step (``Schedules.recheck``) instead of one rank's check meeting another's step.
+that step (``Schedules.recheck``) instead of one rank's check meeting another's step. A graph-mode
+``rp.function`` whose collectives span the processes (called in an eager step) has no step
+start: each of its calls carries the fingerprint in a header of its own (``on_every_call``).
 """
 
 from __future__ import annotations
 
 from ...compiler import fingerprint
-from ...errors import CollectiveMismatchError, class_name, error_of_class, innermost_user_line
+from ...errors import (
+    CollectiveMismatchError,
+    class_name,
+    error_of_class,
+    innermost_user_line,
+    source_line,
+    user_frame,
+)
+from .agree import FUNCTION, agree
 
 
 class Schedules:
@@ -88,6 +98,22 @@ def check_schedules(comm, schedule, error, about=None):
         f"processes disagree about their collective schedule{batches}"))
 
 
+def on_every_call(comm, schedule, what: str):
+    """What every call of a compiled ``rp.function`` (``what``) runs first, where its
+    collectives span ``comm``'s processes: one tagged header with its schedule's fingerprint;
+    where the ranks' differ, they compare schedules and raise naming the first collective that
+    differs. None where there is nothing to agree on (one process, no exchange)."""
+    if comm.size == 1 or not schedule:
+        return None
+    fp = int(fingerprint(schedule)[:15], 16) or 1
+
+    def agree_on_call():
+        agree(comm, FUNCTION, fp, describe=lambda: (
+            f"a call of rp.function {what} at {source_line(user_frame())}"),
+            differ=lambda: check_schedules(comm, schedule, None))
+    return agree_on_call
+
+
 def _with_user_line(error) -> str:
     """The message of a compile error, naming the user's line where it does not yet (as the
     failing rank's own report will), for the other ranks' report."""
@@ -103,4 +129,4 @@ def _consistent(error):
 
 
 
-__all__ = ["Schedules", "check_schedules"]
+__all__ = ["Schedules", "check_schedules", "on_every_call"]
