@@ -198,7 +198,7 @@ def mpi_rows(comm, grads):
 
 
 def replicate_comm_flat(flat_send):
-    from replicate.runtime.comm import world
+    from replicate.runtime.communication.comm import world
 
     w = world()
     return lambda: w.allreduce(flat_send, "sum")

@@ -93,7 +93,7 @@ if not cupy_standin.INSTALLED:
     print(f"device {props['name'].decode()} x{n}, driver {cupy.cuda.runtime.driverGetVersion()}, "
           f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, CuPy {cupy.__version__}, "
           f"NVRTC {cupy.cuda.nvrtc.getVersion()}")
-from replicate.runtime.gpu_transport import nccl_module
+from replicate.runtime.communication.gpu_transport import nccl_module
 nccl = nccl_module()
 print(f"NCCL {nccl.get_version() if nccl is not None else 'does not load'}")
 import jax

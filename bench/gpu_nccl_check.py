@@ -4,9 +4,9 @@ failure, prints one line per check).
     python bench/gpu_nccl_check.py one            # 1 process: a 1-rank NCCL communicator
     mpiexec -n 2 python bench/gpu_nccl_check.py shared   # 2 ranks on one GPU
 
-``one``: the NCCL transport (``replicate/runtime/device_collectives.py``) over a 1-rank
-communicator: all-reduce (sum, max), all-gather and broadcast of device arrays give the operand
-back bitwise, ordered on the device by events (a kernel after the wait reads the result).
+``one``: the NCCL transport (``replicate/runtime/communication/device_collectives.py``) over a
+1-rank communicator: all-reduce (sum, max), all-gather and broadcast of device arrays give the
+operand back bitwise, ordered on the device by events (a kernel after the wait reads the result).
 
 ``shared``: two ranks on one GPU. ``REPLICATE_TRANSPORT=nccl`` is refused on every rank with a
 message naming the shared GPU ("Duplicate GPU detected") before NCCL is touched; the automatic
@@ -33,9 +33,9 @@ def one():
     import cupy
     import numpy as np
 
-    from replicate.runtime.comm import SelfComm
-    from replicate.runtime.device_collectives import NcclTransport
-    from replicate.runtime.gpu_transport import nccl_module
+    from replicate.runtime.communication.comm import SelfComm
+    from replicate.runtime.communication.device_collectives import NcclTransport
+    from replicate.runtime.communication.gpu_transport import nccl_module
 
     nccl = nccl_module()
     if nccl is None:
@@ -44,11 +44,13 @@ def one():
     t = NcclTransport(SelfComm(), cupy, nccl)
     x = cupy.asarray(np.random.default_rng(0).standard_normal(1001).astype(np.float32))
     for op in ("sum", "max"):
-        got = t.wait(t.allreduce(x, op)) * 1.0  # a kernel after the wait reads the result
+        got = t.allreduce(x, op) * 1.0  # a kernel after the collective reads the result
         assert got.get().tobytes() == x.get().tobytes(), op
-    gathered = t.wait(t.allgather(x))
+        got = t.wait(t.start(x, op)) * 1.0  # a bucket's: started, then waited for
+        assert got.get().tobytes() == x.get().tobytes(), op
+    gathered = t.allgather(x)
     assert gathered.shape == (1, 1001) and (gathered[0] == x).all()
-    assert (t.wait(t.broadcast(x, 0)) == x).all()
+    assert (t.broadcast(x, 0) == x).all()
     print(f"1-rank NCCL communicator (NCCL {nccl.get_version()}, GPU {t.comm.device_id()}): "
           "all-reduce, all-gather, broadcast as the operand", flush=True)
 
@@ -59,7 +61,7 @@ def shared():
 
     import replicate as rp
     from replicate.backends import cupy_comm
-    from replicate.runtime import gpu_transport
+    from replicate.runtime.communication import gpu_transport
 
     rank = rp.process_index()
     os.environ[gpu_transport.ENV] = "nccl"

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import replicate as rp
-from replicate.runtime import p2p
-from replicate.runtime.comm import SelfComm
+from replicate.runtime.communication import p2p
+from replicate.runtime.communication.comm import SelfComm
 
 
 def build(width: int, depth: int):

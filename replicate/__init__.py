@@ -7,6 +7,7 @@
 """
 
 from . import (
+    collectives,
     dtypes,
     nn,
     numpy,  # noqa: F401  (installs the array operators)
@@ -14,7 +15,7 @@ from . import (
     profile,
     runtime,
 )
-from .collectives import all_gather, all_reduce, broadcast, permute, reduce_scatter
+from .collectives import *  # noqa: F403  (every collective: collectives.__all__)
 from .compiler import CompileOptions
 from .context import ReplicaContext, num_replicas, replica_id
 from .control import cond, switch
@@ -42,9 +43,13 @@ from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .graph.devices import logical_device
 from .optim import wrap_optimizer
-from .runtime import ActorContext, ActorLearner, Replicator, callbacks, checkpoint, data, host
-from .runtime.data import shard_batches
-from .runtime.host import barrier, is_main_process, process_count, process_index
+from .runtime import ActorContext, ActorLearner, Replicator
+from .runtime.communication import host
+from .runtime.communication.host import barrier, is_main_process, process_count, process_index
+from .runtime.inputs import data
+from .runtime.inputs.data import shard_batches
+from .runtime.loop import callbacks
+from .runtime.variables import checkpoint
 from .state import Variable
 
 stop_gradient = numpy.stop_gradient  # (also rnp.stop_gradient)
@@ -53,16 +58,18 @@ __version__ = "0.1.0"
 
 profile.start_from_environment()  # REPLICATE_PROFILE=trace.json: the whole program, at exit
 
-if runtime.comm.launched_by_mpi():  # under mpiexec: MPI, and the hooks that end the job when a
-    runtime.comm.world()  # rank fails or leaves, come up now (replicate/runtime/hooks.py)
+# under mpiexec: MPI, and the hooks that end the job when a rank fails or leaves, come up now
+# (replicate/runtime/job/hooks.py)
+if runtime.communication.comm.launched_by_mpi():
+    runtime.communication.comm.world()
 
 __all__ = [
     "Array", "CollectiveMismatchError", "CompileOptions", "Function", "Graph", "ReplicaContext",
     "ReplicateError", "InputError", "NonFiniteError", "NumpyConversionError", "CheckpointError",
     "DivergenceError",
     "ShapeError", "TracerConversionError", "Variable", "cond", "switch", "function", "grad",
-    "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator", "all_gather",
-    "all_reduce", "broadcast", "permute", "reduce_scatter", "nn", "optim", "wrap_optimizer",
+    "num_replicas", "replica_id", "value_and_grad", "__version__", "Replicator",
+    *collectives.__all__, "nn", "optim", "wrap_optimizer",
     "data", "callbacks", "checkpoint", "shard_batches", "DTypeError", "IndexOutOfRangeError",
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",

@@ -1,9 +1,9 @@
 """``python -m replicate script.py [args]`` (or ``-m module``): run a script so that a failure on
-any rank ends the whole job (see ``replicate/runtime/bootstrap.py``)."""
+any rank ends the whole job (see ``replicate/launch/bootstrap.py``)."""
 
 import sys
 
-from replicate.runtime.bootstrap import main
+from replicate.launch.bootstrap import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,3 +54,6 @@ def reduce_scatter(nest, op: str = "sum", axis: int = 0):
 def permute(nest, shift: int = 1):
     """Replica i sends its value to replica (i + shift) mod R (and receives from i - shift)."""
     return _apply(nest, "permute", shift=int(shift))
+
+
+__all__ = ["all_gather", "all_reduce", "broadcast", "permute", "reduce_scatter"]  # (rp.*)

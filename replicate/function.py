@@ -22,7 +22,7 @@ import numpy as np
 from . import tree
 from .backends import get_backend
 from .compiler import CompileOptions, compile_step
-from .errors import ReplicateError
+from .errors import ReplicateError, function_location
 from .graph.core import Array
 from .graph.trace import signature
 from .interop import as_kind, device_kind
@@ -71,6 +71,7 @@ class Function:
         cache = getattr(self._per_thread, "cache", None)
         if cache is None:
             cache = self._per_thread.cache = StepCache()
+            self._per_thread.agreements = {}  # id(step) -> what each of its calls runs first
         return cache
 
     def __call__(self, *args):
@@ -78,6 +79,9 @@ class Function:
             args = tree.tree_map(lambda x: x if isinstance(x, str) else as_array(x), args)
             return tree.tree_map(to_numpy, self.fn(*args))
         step = self._entry(args)
+        agreement = self._per_thread.agreements[id(step)]
+        if agreement is not None:  # its collectives span the processes: they agree first
+            agreement()
         leaves = batch_leaves([args], step.device)
         kind = device_kind(tree.flatten(args)[0])  # given CuPy/JAX arrays: return them
         (results,) = step(leaves, on_device=kind is not None)
@@ -105,12 +109,16 @@ class Function:
     def _compile(self, args):
         # a step outside a Replicator is one replica per process: its collectives (if any: only
         # then is the communicator asked for) span the processes; the runtime owns it, above
-        from .runtime.comm import world
+        # (and, as a Replicator's step start, every call agrees on what it will exchange)
+        from .runtime.communication import comm, schedule
 
         self.trace_count += 1
-        return compile_step(lambda a: self.fn(*a), [args], backend=self.backend,
-                            options=self.options, processes=world, prefix="arg",
+        step = compile_step(lambda a: self.fn(*a), [args], backend=self.backend,
+                            options=self.options, processes=comm.world, prefix="arg",
                             gathers_outputs=False)
+        self._per_thread.agreements[id(step)] = schedule.on_every_call(
+            comm.world(), step.schedule, function_location(self.fn)) if step.schedule else None
+        return step
 
     def graph(self, *args):
         """The step's graph for these arguments: traced, collectives rewritten, dead code

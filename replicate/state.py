@@ -50,10 +50,10 @@ _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation o
 #   taken back);
 # * ``hooks.observers``: called with each variable read (traced or eager), innermost last:
 #   rp.custom_vjp finds the Variables its fwd reads without taking them as arguments;
-# * ``hooks.input``: set on the input-prefetch thread (runtime/prefetch.py), called with each
+# * ``hooks.input``: set on the input-prefetch thread (runtime/inputs/prefetch.py), called with each
 #   variable read there, where the value may be steps old;
 # * ``hooks.values``: this thread's own values of some variables, ``{id(var): array}``: an actor
-#   thread (runtime/actors.py) acts with a published copy of the parameters while the learner
+#   thread (runtime/actors/pool.py) acts with a published copy of the parameters while the learner
 #   updates the variables themselves; eager reads, ``numpy()`` and compiled calls see these.
 hooks = threading.local()
 
@@ -121,7 +121,7 @@ class Variable:
         # value every replica begins from (leading axis 1, ``_fresh``)
         self._device = None  # (Device, array): the value in a device backend's memory
         self._away = None  # model parallelism: (where it lives, shape, dtype) while not here
-        self.home = None  # model parallelism: set by runtime/owners.py where it lives on a device
+        self.home = None  # model parallelism: where it lives (set by runtime/variables/owners.py)
         self.value = value[None].copy() if per_replica else value
         self._fresh = self.per_replica
         self._eager: Array | None = None
@@ -160,7 +160,8 @@ class Variable:
     # Model parallelism: a Variable that lives on one logical device of a replica (a parameter,
     # its optimiser state) is updated there only; on the replica's other processes it holds no
     # value (``release``) until a sync point gives it the current one (``load``): the end of
-    # ``Replicator.run``, a checkpoint (``runtime/owners.py``). Reading it meanwhile is an error.
+    # ``Replicator.run``, a checkpoint (``runtime/variables/owners.py``). Reading it meanwhile is
+    # an error.
     def release(self, where: str) -> None:
         """Drop this process's copy: the current value lives ``where`` (for the error)."""
         if self._away is None:

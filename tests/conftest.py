@@ -185,7 +185,7 @@ SHM_MARK = "mpich-shm-mapped:"  # a line a test program prints: ``... mpich-shm-
 
 def shm_mapped(result) -> set[str]:
     """The MPICH shared-memory files (``/dev/shm/mpich_shm_*``) a job's ranks printed they had
-    mapped (``replicate.runtime.mpi_shm.mapped()``, after ``SHM_MARK``)."""
+    mapped (``replicate.runtime.job.mpi_shm.mapped()``, after ``SHM_MARK``)."""
     found = set()
     for line in result.stdout.splitlines():
         if SHM_MARK in line:

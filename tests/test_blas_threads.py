@@ -12,7 +12,7 @@ import pytest
 
 from conftest import child_env, have_mpi, mpirun, report
 from replicate.launch import share_threads
-from replicate.runtime.comm import BLAS_THREAD_VARIABLES, blas_thread_limits
+from replicate.runtime.communication.comm import BLAS_THREAD_VARIABLES, blas_thread_limits
 
 
 def _lib(api, threads=8, user_api="blas"):

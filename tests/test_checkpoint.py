@@ -19,7 +19,7 @@ import pytest
 import replicate as rp
 import replicate.numpy as rnp
 from conftest import MPIEXEC, have_mpi, run
-from replicate.runtime import checkpoint
+from replicate.runtime.variables import checkpoint
 
 TIMEOUT = 120
 
@@ -180,8 +180,8 @@ PROGRAM = textwrap.dedent('''
     import numpy as np
 
     import replicate as rp
-    from replicate.runtime import checkpoint
-    from replicate.runtime.comm import world
+    from replicate.runtime.variables import checkpoint
+    from replicate.runtime.communication.comm import world
 
 
     def build():

@@ -257,7 +257,12 @@ def test_constants_and_random_bits_are_made_once_and_on_the_device():
 
 
 def test_transport_choice():
-    from replicate.runtime.gpu_transport import Facts, choose, cuda_aware_mpi, requested
+    from replicate.runtime.communication.gpu_transport import (
+        Facts,
+        choose,
+        cuda_aware_mpi,
+        requested,
+    )
 
     own = [Facts("n0", "0000:17:00.0", True, False), Facts("n0", "0000:18:00.0", True, False),
            Facts("n1", "0000:17:00.0", True, False)]  # one bus id on two machines: not shared
@@ -419,7 +424,7 @@ def test_cupys_devices_streams_events_and_nccl_ids_are_as_the_standin_models_the
     or recorded on from another device fails, a stream waits for another device's event."""
     import cupy
 
-    from replicate.runtime.gpu_transport import nccl_module
+    from replicate.runtime.communication.gpu_transport import nccl_module
 
     cuda = cupy.cuda
     if cupy_standin.ACTIVE:

@@ -19,8 +19,9 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime import checkpoint, watchdog
-from replicate.runtime.checks import leaf_paths
+from replicate.runtime.checks.entry import leaf_paths
+from replicate.runtime.job import watchdog
+from replicate.runtime.variables import checkpoint
 
 HERE = os.path.basename(__file__)
 
@@ -199,7 +200,7 @@ def test_debug_traceback_keeps_the_library_frames(monkeypatch):
     with pytest.raises(rp.ShapeError) as e:
         rep.run(1)
     files = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
-    assert any(f.endswith(os.path.join("runtime", "replicator.py")) for f in files)
+    assert any(f.endswith(os.path.join("runtime", "loop", "replicator.py")) for f in files)
 
 
 # ================================================================================================

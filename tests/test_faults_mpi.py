@@ -30,7 +30,7 @@ from conftest import (
     needs_mpi,
     report,
 )
-from replicate.runtime import mpi_shm
+from replicate.runtime.job import mpi_shm
 
 pytestmark = needs_mpi
 PROGRAM = "faults_mpi.py"

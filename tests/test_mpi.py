@@ -122,6 +122,20 @@ def test_cross_process_shape_mismatch(mode):
     assert f"failures_mpi.py:{_line('MARK all-reduce')}" in result.stderr, report
 
 
+def test_function_calls_agree_on_their_collectives_across_processes():
+    """A graph-mode rp.function whose collective spans the processes (called in an eager step):
+    operands that differ between the ranks are a CollectiveMismatchError on every rank naming
+    both, from the header every call sends first, not an MPI error."""
+    result = mpirun("failures_mpi.py", "function-shape", "--mode", "eager")
+    report = _report(result)
+    assert result.returncode != 0, report
+    assert "finished" not in result.stdout and "truncated" not in result.stderr, report
+    assert result.stderr.count("CollectiveMismatchError") >= 2, report
+    assert "rank 0: mpi_allreduce[op=sum,size=2] f64[4]" in result.stderr, report
+    assert "rank 1: mpi_allreduce[op=sum,size=2] f64[5]" in result.stderr, report
+    assert f"failures_mpi.py:{_line('MARK function-all-reduce')}" in result.stderr, report
+
+
 @pytest.mark.parametrize("scenario,mode", [("step-raises", "graph"), ("step-raises", "eager"),
                                            ("input-raises", "graph"), ("input-raises", "eager")])
 def test_exception_on_one_rank_ends_the_job(scenario, mode):

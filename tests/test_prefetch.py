@@ -16,7 +16,8 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime import prefetch as prefetch_mod
+from replicate.runtime.communication import host as host_mod
+from replicate.runtime.inputs import prefetch as prefetch_mod
 
 
 def _wait_for(cond, timeout=10.0):
@@ -296,12 +297,12 @@ def test_newcomer_dataloader_habit_epoch_loop():
 
 
 def test_on_input_thread_flag():
-    assert not prefetch_mod.on_input_thread()
+    assert not host_mod.on_input_thread()
     flags = []
 
     def input_fn(ctx):
         while True:
-            flags.append(prefetch_mod.on_input_thread())
+            flags.append(host_mod.on_input_thread())
             yield rnp.zeros(1).numpy()
 
     rp.Replicator(input_fn, lambda x: {"s": x.sum()}, prefetch=1).run(3)

@@ -85,7 +85,7 @@ def test_progress_total_comes_from_shard_batches():
         def close(self):
             pass
 
-    import replicate.runtime.replicator as replicator
+    import replicate.runtime.loop.replicator as replicator
 
     real, replicator.Progress = replicator.Progress, Bar
     try:

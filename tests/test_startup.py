@@ -168,7 +168,7 @@ def test_exit_0_below_python_is_caught_by_the_launcher(n):
 def test_the_launcher_removes_the_shared_memory_of_a_job_no_rank_aborted():
     """Rank 1 ends by ``_exit(0)`` below Python and mpiexec kills rank 0: no rank ran the
     cleanup before ``MPI_Abort``, and MPICH's file in /dev/shm would stay until the machine
-    restarts. The launcher removes the files its ranks recorded (``runtime/mpi_shm.py``)."""
+    restarts. The launcher removes the files its ranks recorded (``runtime/job/mpi_shm.py``)."""
     result = job("c-exit-0", launcher=True)  # (job() asserts that none is left)
     assert result.returncode != 0, report(result)
     assert result.stdout.count("mpich-shm-mapped:") == 2, report(result)
@@ -292,7 +292,7 @@ def test_the_bootstrap_refuses_what_it_cannot_run(tmp_path):
 # -- the launcher's verdict (no processes) ----------------------------------------------------
 def test_the_launchers_verdict_from_the_ranks_records():
     from replicate.launch import verdict
-    from replicate.runtime import status
+    from replicate.runtime.job import status
 
     def rec(state, step):
         return {"pid": 1, "state": state, "code": 0, "step": step, "host": "h"}
@@ -316,7 +316,7 @@ def test_the_launchers_verdict_from_the_ranks_records():
 
 
 def test_status_records_round_trip(tmp_path, monkeypatch):
-    from replicate.runtime import status
+    from replicate.runtime.job import status
 
     record = status.Record(str(tmp_path / "rank-3"))
     record.set_step(41)
@@ -333,7 +333,7 @@ def test_status_records_round_trip(tmp_path, monkeypatch):
 def test_the_launcher_passes_module_and_arguments(tmp_path):
     (tmp_path / "shout.py").write_text(
         "import sys, replicate as rp\n"
-        "sys.stdout.write(f'rank {rp.runtime.comm.world().rank} args {sys.argv[1:]}\\n')\n")
+        "sys.stdout.write(f'rank {rp.process_index()} args {sys.argv[1:]}\\n')\n")
     result = run([sys.executable, "-m", "replicate.launch", "-n", "2", "-m", "shout", "x", "--y"],
                  cwd=str(tmp_path), env=child_env(PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}"))
     assert result.returncode == 0, report(result)
@@ -344,13 +344,13 @@ def test_the_launcher_passes_module_and_arguments(tmp_path):
 def test_local_variables_and_generators_are_left_out_of_the_configuration():
     import replicate as rp
     import replicate.numpy as rnp
-    from replicate.runtime.config import fields
+    from replicate.runtime.checks.config import fields
 
     rep = rp.Replicator(lambda ctx: iter([]), lambda batch: None)
-    before = fields(rep)["variables"]
+    before = fields(rep.settings)["variables"]
     own = [rp.Variable(np.zeros(2), local=True), rnp.random.Generator(local=True)]
-    assert fields(rep)["variables"] == before
+    assert fields(rep.settings)["variables"] == before
     shared = rp.Variable(np.zeros((2, 3), np.float32))
-    assert fields(rep)["variables"] == before + [((2, 3), "float32")]
+    assert fields(rep.settings)["variables"] == before + [((2, 3), "float32")]
     del own, shared
-    assert fields(rep)["variables"] == before  # gone with the last reference
+    assert fields(rep.settings)["variables"] == before  # gone with the last reference

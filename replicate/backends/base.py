@@ -16,7 +16,7 @@ A backend whose arrays live in device memory (``cupy``) gives its ``Executable``
 and the step keeps the variables on the device between calls (``replicate/step.py``), moving
 only the batches in and the results out; ``exe(inputs)`` still returns host arrays. A backend
 that can copy a batch to its device ahead of the step gives its ``Executable`` a ``stage``:
-``stage(leaves) -> Staged``, called on the input prefetch thread (``runtime/staging.py``).
+``stage(leaves) -> Staged``, called on the input prefetch thread (``runtime/inputs/staging.py``).
 
 Nodes whose primitive is flagged ``host`` (communication) run on the host through the reference
 table ``replicate.graph.reference.IMPL`` (a device backend may carry them on the device instead,
@@ -27,6 +27,7 @@ between two host nodes may be a handle, not an array: pass it through untouched)
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 import numpy as np
 
@@ -34,9 +35,31 @@ from ..errors import source_line
 from ..graph.primitives import REGISTRY, SOURCE
 from ..interop import from_foreign, is_foreign
 
-# Device backends' cross-process transports, by backend name: ``fn(device) -> transport or None``
-# (None: host-staged MPI through ``IMPL``). The runtime, which owns the communicator, registers
-# them (``replicate/runtime/gpu_transport.py``); a backend asks when it first communicates.
+
+class Transport(Protocol):
+    """How a process's exchanges run: the host's MPI, NCCL or a CUDA-aware MPI, each reducing
+    in rank order, bitwise alike. An exchange node calls it through
+    ``graph.collectives.EXCHANGES``. ``comm``: the label of a group of processes (model
+    parallelism), None for the replicas' communicator; ``owned``: the operand is a scratch
+    buffer the transport may write over (a gradient bucket)."""
+
+    kind: str  # "host", "nccl", "cuda-aware-mpi"
+
+    def allreduce(self, x, op: str, owned: bool = False, comm=None): ...
+
+    def allgather(self, x, comm=None): ...  # (processes, *x.shape)
+
+    def broadcast(self, x, root: int, comm=None): ...
+
+    def start(self, x, op: str, owned: bool = False, comm=None): ...  # a bucket's allreduce
+
+    def wait(self, handle): ...  # the result of ``start``
+
+
+# Device backends' cross-process transports, by backend name: ``fn(device) -> Transport`` (on
+# the device, or host-staged). The runtime, which owns the communicator, registers them
+# (``replicate/runtime/communication/gpu_transport.py``); a backend asks when it first
+# communicates.
 TRANSPORTS: dict = {}
 # Where a device backend's process runs (``fn(device_count) -> device index``), registered by the
 # runtime: ``local rank % device count`` under MPI.

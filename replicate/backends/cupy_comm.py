@@ -2,7 +2,7 @@
 
 Each runs through the process's transport, chosen once, at the first communication (every rank
 reaches it at the same node: the ranks agreed on the schedule first), by the runtime
-(``TRANSPORTS["cupy"]``, ``replicate/runtime/gpu_transport.py``):
+(``TRANSPORTS["cupy"]``, ``replicate/runtime/communication/gpu_transport.py``):
 
 * ``nccl`` (each rank has its own GPU): on the device, on the transport's own stream, ordered
   after the kernels that made the operand by an event and before the kernels that read the
@@ -10,41 +10,37 @@ reaches it at the same node: the ranks agreed on the schedule first), by the run
   overlaps the rest of the backward pass;
 * ``cuda-aware-mpi`` (only where MPI says it is): MPI on device buffers;
 * host-staged MPI (ranks sharing a GPU, NCCL missing, or one process): the operand is copied to
-  the host, the host row (``IMPL``: the runtime's fixed-order MPI collectives) runs, the result
+  the host, the host's transport (the runtime's fixed-order MPI collectives) runs, the result
   is copied back; each copy counted in ``DEVICE.transfers``.
 
-Every transport reduces in rank order, bitwise as the host path (see the transport's module).
+Every transport reduces in rank order, bitwise as the host path (see the transport's module),
+and each is called alike: ``EXCHANGES[prim](transport, *operands, **attrs)``.
 """
 
 from __future__ import annotations
 
+from ..graph.collectives import EXCHANGES
 from ..graph.reference import IMPL
 from .base import TRANSPORTS
 
-_TRANSPORT: list = []  # [transport or None], once chosen
+_TRANSPORT: list = []  # [the transport], once chosen
 
 
 def transport(device):
-    """The process's transport for ``device`` (None: host-staged), chosen on first use."""
+    """The process's transport for ``device`` (a ``base.Transport``), chosen on first use."""
     if not _TRANSPORT:
-        choose = TRANSPORTS.get("cupy")
-        _TRANSPORT.append(choose(device) if choose is not None else None)
+        _TRANSPORT.append(TRANSPORTS["cupy"](device))
     return _TRANSPORT[0]
 
 
 def comm_fn(node, device):
     """The function running communication node ``node`` of a lowered graph."""
-    prim, attrs = node.prim, node.attrs
-
-    def run(*xs):
-        carrier = transport(device)
-        if carrier is not None:
-            return carrier.run(prim, xs, attrs)
-        if prim == "comm_wait":  # the handle's bucket, reduced on the communication thread
-            return device.to_device(IMPL[prim](xs[0], **attrs))
-        value = IMPL[prim](*[device.to_host(x) for x in xs], **attrs)
-        return value if prim == "comm_start" else device.to_device(value)
-    return run
+    attrs = node.attrs
+    call = EXCHANGES.get(node.prim)
+    if call is None:  # model parallelism's point-to-point rows (transfer, send, recv): the host's
+        row = IMPL[node.prim]
+        return lambda *xs: device.to_device(row(*[device.to_host(x) for x in xs], **attrs))
+    return lambda *xs: call(transport(device), *xs, **attrs)
 
 
 __all__ = ["comm_fn", "transport"]

@@ -7,8 +7,8 @@ copies up only its batch and copies down only its results — those in one trans
 (``to_host_many`` packs them into one buffer first: one synchronisation, not one per result).
 
 Placement: on import, under MPI, the process takes GPU ``local rank % device count`` (the local
-rank from the MPI shared-memory split, ``replicate/runtime/gpu_transport.py``), so ranks on one
-machine spread over its GPUs; a single process keeps its current device;
+rank from the MPI shared-memory split, ``replicate/runtime/communication/gpu_transport.py``), so
+ranks on one machine spread over its GPUs; a single process keeps its current device;
 ``CUDA_VISIBLE_DEVICES`` narrows what a process sees as usual. CuPy's current device is per host
 thread (a new thread starts on device 0), so the chosen one is kept (``DEVICE.index``) and the
 prefetch thread selects it before it makes its stream and buffers (``stage``).

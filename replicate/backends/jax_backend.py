@@ -79,7 +79,7 @@ def compiler_options() -> dict:
 def bucket_exchange() -> str:
     """How this process sends a gradient bucket: ``"parts"`` (the step is one ``jax.jit`` with
     host callbacks, ``jax_host.Parts``) or ``"packed"``. Every rank must do alike (the ranks
-    compare it when they construct a ``Replicator``: ``runtime/config.py``)."""
+    compare it when they construct a ``Replicator``: ``runtime/checks/config.py``)."""
     return "parts" if UNPACK_BUCKETS and HOST_IN_JIT and available() else "packed"
 
 

@@ -3,9 +3,10 @@
 ``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter`` and ``permute`` are
 *placeholders*: while replica i's subgraph is traced its peers do not exist, so a call only
 records a node with its arguments, the replica's id and a sequence number (``bind_collective``).
-Each has its rows like any primitive: the shape rule here, the gradient in ``vjp_rules.py``, the
-rewrite into communication in ``passes/replicate_collectives.py`` and the eager implementation
-(one replica per process, run at once) in ``runtime/host_rows.py``.
+Each has its rows like any primitive: the shape rule here, the gradient in ``vjp_rules.py`` and
+its meaning, once, as the rewrite's row in ``passes/replicate_collectives.py`` (``LOWER``) — eager
+mode runs that same row at once, one replica per process (``runtime/communication/host_rows.py``
+fills the reference table with it for every name in ``PLACEHOLDERS``).
 
 The rewrite produces ``local_reduce`` (the in-process combine), ``mpi_*`` (one cross-process
 collective) and, with gradient bucketing, ``comm_start``/``comm_wait`` (a flat buffer reduced on
@@ -95,6 +96,19 @@ declare("mpi_broadcast", COLLECTIVE, _same, **_EXCHANGE)
 declare("comm_start", COLLECTIVE, _same, **_EXCHANGE)
 declare("comm_wait", COLLECTIVE, _same, **_EXCHANGE)
 
+# What each exchange node asks of a transport (``backends.base.Transport``: the host's MPI, NCCL,
+# a CUDA-aware MPI): ``EXCHANGES[prim](transport, *operands, **attrs)``. The reference table's
+# rows (the runtime's ``host_rows.py``) and a device backend's communication nodes
+# (``backends/cupy_comm.py``) both run through it. ``comm``: model parallelism's group label.
+EXCHANGES = {
+    "mpi_allreduce": lambda t, x, *, op, owned=False, comm=None, **_: t.allreduce(x, op, owned,
+                                                                                  comm),
+    "mpi_allgather": lambda t, x, *, comm=None, **_: t.allgather(x, comm),
+    "mpi_broadcast": lambda t, x, *, root, comm=None, **_: t.broadcast(x, root, comm),
+    "comm_start": lambda t, x, *, op, owned=False, comm=None, **_: t.start(x, op, owned, comm),
+    "comm_wait": lambda t, handle, **_: t.wait(handle),
+}
+
 
 def bind_collective(prim: str, x, *, num_replicas: int, replica: int, **attrs):
     """Record (graph mode) or run (eager mode) collective ``prim`` of ``x`` for replica
@@ -105,4 +119,4 @@ def bind_collective(prim: str, x, *, num_replicas: int, replica: int, **attrs):
     return bind(prim, x, num_replicas=num_replicas, replica=replica, seq=seq, **attrs)
 
 
-__all__ = ["PLACEHOLDERS", "REDUCE_OPS", "bind_collective"]
+__all__ = ["EXCHANGES", "PLACEHOLDERS", "REDUCE_OPS", "bind_collective"]

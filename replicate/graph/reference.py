@@ -8,7 +8,7 @@ table from the same rows (``jax_impl.py``) and overrides only where JAX must be 
 NumPy (full-precision matmuls, a stable sigmoid, a functional scatter).
 
 Communication primitives have no row here: their implementations need the communicator and are
-registered into ``IMPL`` by ``replicate/runtime/host_rows.py``.
+registered into ``IMPL`` by ``replicate/runtime/communication/host_rows.py``.
 
 >>> import numpy as np
 >>> IMPL["div"](np.array([7, -7]), np.array([2, 2])).tolist()

@@ -17,8 +17,8 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.agree import STEP, agree
-from replicate.runtime.comm import world
+from replicate.runtime.communication.agree import STEP, agree
+from replicate.runtime.communication.comm import world
 
 
 def exchange_times(comm, n):

@@ -10,7 +10,7 @@ import sys
 import numpy as np  # noqa: F401  (loads NumPy's BLAS before the communicator starts)
 from threadpoolctl import threadpool_info
 
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
 
 
 def main(out):

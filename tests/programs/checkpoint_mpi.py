@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 import replicate as rp
-from replicate.runtime import checkpoint
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
+from replicate.runtime.variables import checkpoint
 
 
 def main(out):

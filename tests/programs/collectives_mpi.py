@@ -13,7 +13,7 @@ import argparse
 import collective_cases as cc
 import numpy as np
 
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replicate.runtime import comm as C
-from replicate.runtime.overlap import PACK_BELOW, reduce_parts
+from replicate.runtime.communication import comm as C
+from replicate.runtime.communication.overlap import PACK_BELOW, reduce_parts
 
 
 def expected(gathered, op):

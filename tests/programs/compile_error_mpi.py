@@ -15,7 +15,7 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
 
 
 def input_fn(ctx):

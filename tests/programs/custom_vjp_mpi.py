@@ -34,7 +34,7 @@ def main():
         return {"g": g}
 
     hist = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k).run(1)
-    rank = rp.runtime.comm.world().rank
+    rank = rp.runtime.communication.comm.world().rank
     sys.stdout.write(f"rank {rank} g {hist[0]['g'].tolist()} w {w.numpy().tolist()}\n")
 
 

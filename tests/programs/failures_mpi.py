@@ -12,8 +12,9 @@ import sys
 import numpy as np
 
 import replicate as rp
-from replicate.runtime.comm import world
-from replicate.runtime.mpi_shm import mapped
+import replicate.numpy as rnp
+from replicate.runtime.communication.comm import world
+from replicate.runtime.job.mpi_shm import mapped
 
 
 def scenario(name, rank, mode):
@@ -26,9 +27,12 @@ def scenario(name, rank, mode):
             yield np.full(4 + (name == "mismatch-shape" and rank == 1), float(ctx.replica_id))
 
     counter = {"calls": 0}
+    summed = rp.function(lambda x: rp.all_reduce(x, "sum"))  # MARK function-all-reduce
 
     def step_fn(x):
         counter["calls"] += 1
+        if name == "function-shape":  # (an eager step: rank 1's operand is longer)
+            return {"y": summed(rnp.concatenate([x, x[:rank]])).sum()}
         if name == "mismatch-kind" and rank == 1:
             y = rp.all_gather(x, 0, tiled=True)[:4]  # MARK rank1-gather
         else:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
 
 
 def timed(comm, x, repeats):

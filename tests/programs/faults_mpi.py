@@ -22,7 +22,7 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import world
+from replicate.runtime.communication.comm import world
 
 SCENARIOS = ("ok", "raise", "kill-self", "stall-step", "stall-input", "stall-thread",
              "exit-early", "mismatch-later", "nan", "shape-change", "shape-change-ok", "duplicate")

@@ -30,7 +30,7 @@ import test_backend_parity as P  # noqa: E402
 import conftest  # noqa: E402, F401
 import replicate as rp  # noqa: E402
 from replicate.backends import cupy_comm, cupy_device  # noqa: E402
-from replicate.runtime import gpu_transport  # noqa: E402
+from replicate.runtime.communication import gpu_transport  # noqa: E402
 
 OPTIONS = {"bucket_bytes": 200, "overlap": True}
 

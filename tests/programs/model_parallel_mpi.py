@@ -20,7 +20,7 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.runtime.comm import SelfComm
+from replicate.runtime.communication.comm import SelfComm
 
 B, STEPS = 6, 2
 WIDTHS = [5, 7, 6, 7, 3]

@@ -73,7 +73,7 @@ if __name__ == "__main__":
 
     params, losses = train(a.k, a.mode, a.opt, a.steps,
                            options=json.loads(a.options) if a.options else None)
-    from replicate.runtime.comm import world
+    from replicate.runtime.communication.comm import world
 
     if world().rank == 0:
         np.savez(a.out, losses=np.array(losses), **params)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import replicate as rp
-from replicate.runtime import outputs as outputs_module
+from replicate.runtime.loop import outputs as outputs_module
 
 STEPS, K = 20, 2
 

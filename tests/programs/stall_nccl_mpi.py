@@ -22,17 +22,18 @@ import numpy as np  # noqa: E402
 import conftest  # noqa: E402, F401
 import replicate as rp  # noqa: E402
 import replicate.numpy as rnp  # noqa: E402
-from replicate.runtime import device_collectives, watchdog  # noqa: E402
+from replicate.runtime.communication import device_collectives  # noqa: E402
+from replicate.runtime.job import watchdog  # noqa: E402
 
 rank = rp.process_index()
 if rank == 1:
-    _run = device_collectives.NcclTransport.run
+    _watched = device_collectives.NcclTransport._watched
 
-    def run(self, prim, xs, attrs):
+    def watched(self, op, x, run):
         if watchdog.TRACKER.step == 3:
             time.sleep(1000)  # MARK nccl-sleep
-        return _run(self, prim, xs, attrs)
-    device_collectives.NcclTransport.run = run
+        return _watched(self, op, x, run)
+    device_collectives.NcclTransport._watched = watched
 
 w = rp.Variable(np.ones(4), name="w")
 

@@ -46,9 +46,9 @@ parser.add_argument("--data", default="")
 if CASE == "argparse-error" and ME == RANK:
     sys.argv.append("--steps=six")  # a typo in one rank's arguments: argparse exits with 2
 args = parser.parse_args()
-rank = rp.runtime.comm.world().rank
+rank = rp.runtime.communication.comm.world().rank
 assert rank == ME
-say(f"rank {rank} mpich-shm-mapped: {' '.join(rp.runtime.mpi_shm.mapped())}")
+say(f"rank {rank} mpich-shm-mapped: {' '.join(rp.runtime.job.mpi_shm.mapped())}")
 
 if CASE == "raise-after-import" and rank == RANK:
     raise ValueError(f"rank {rank} broke before its Replicator")  # MARK after-import

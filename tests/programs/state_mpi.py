@@ -17,7 +17,7 @@ import replicate.numpy as rnp
 
 
 def say(name, value):
-    rank = rp.runtime.comm.world().rank
+    rank = rp.runtime.communication.comm.world().rank
     sys.stdout.write(f"rank {rank} {name} {json.dumps(value)}\n")
 
 
@@ -83,7 +83,7 @@ def per_replica(mode, k, folder):
     rep.restore(path, {"total": total, "seen": seen})
     say("restored", total.numpy().tolist())
     say("seen", seen.numpy().tolist())
-    if rp.runtime.comm.world().rank == 0:
+    if rp.runtime.communication.comm.world().rank == 0:
         say("file", np.load(path)["var/total"].tolist())
 
 

@@ -167,7 +167,7 @@ CASES = {"accumulate": accumulate, "eval_after_compile": eval_after_compile,
 
 if __name__ == "__main__":
     case, mode, out_dir = sys.argv[1:4]
-    from replicate.runtime.comm import world
+    from replicate.runtime.communication.comm import world
 
     rank = world().rank
     result, error = {}, None

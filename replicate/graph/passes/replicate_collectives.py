@@ -144,6 +144,13 @@ LOWER = RuleTable("collective rewrite", {
 })
 
 
+def lower(prim, inputs, *, k, n, rank, num_replicas, **attrs) -> list:
+    """Collective ``prim``'s row: the k per-replica results of the k local ``inputs`` on
+    process ``rank`` of ``n``. The rewrite emits it into the graph; eager mode (k = 1, no
+    trace) runs it at once, its ``mpi_*`` nodes through the reference table."""
+    return LOWER[prim](_Where(k, n, rank, num_replicas), inputs, **attrs)
+
+
 def _lower_group(nodes, inputs, k, n, rank):
     """Emit the communication for one placeholder group; return the k per-replica results."""
     node = nodes[0]
@@ -152,7 +159,7 @@ def _lower_group(nodes, inputs, k, n, rank):
     if k == 1 and R != n:  # a step outside a Replicator under mpiexec: as eager mode says
         raise ReplicaContextError(f"collectives need one replica per process: {R} replicas on {n} "
                          f"processes ({_describe(node)} at {_where(node)})")
-    return LOWER[node.prim](_Where(k, n, rank, R), inputs, **attrs)
+    return lower(node.prim, inputs, k=k, n=n, rank=rank, num_replicas=R, **attrs)
 
 
 def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,

@@ -12,8 +12,8 @@ process d keeps what runs on device d, with what crosses devices made concrete:
   a parameter and its optimiser state) stays there: its update is an output of that device's
   part only, and the other devices' parts neither read it (its input is removed: they are not
   fed its value) nor receive its update (``meta.fed``: the Variables fed, ``meta.homes``:
-  ``(Variable, device)`` of those that live on one device; ``runtime/owners.py`` keeps their
-  values where they live);
+  ``(Variable, device)`` of those that live on one device; ``runtime/variables/owners.py`` keeps
+  their values where they live);
 * the step's results, and the updates of the other Variables made on one device but read on
   others (a loss scale), leave every process: at the end of the step d sends what it made to
   every other device of the replica, then receives what they made — so every process ends the

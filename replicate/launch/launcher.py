@@ -1,0 +1,309 @@
+"""Launch a script on N processes with the MPI that came with the ``mpich`` wheel.
+
+    python -m replicate.launch -n 2 examples/classifier.py [args...]
+    python -m replicate.launch -n 2 -m package.module [args...]
+    python -m replicate.launch -n 4 -f hostfile -ppn 2 --prefix-rank train.py [args...]
+    replicate-launch -n 2 examples/classifier.py [args...]
+
+Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
+through Python starts with ``[rank] ``); any other option goes to ``mpiexec`` as written
+(``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
+value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
+
+Every rank runs the script through the bootstrap (``python -m replicate``, see
+``replicate/launch/bootstrap.py``): MPI is up before the script's first line, and a rank that fails
+at any point ends the job with its traceback. The launcher also knows whether every rank finished
+its script (``replicate/runtime/job/status.py``): a job where ``mpiexec`` returns 0 but a rank left
+early (``exit()`` below Python ends the others silently) exits 1 and says which rank and at which
+step, and a rank that dies where ``mpiexec`` does not end the others (before MPI is up) ends the job
+within seconds instead of leaving them waiting. When the job has ended, the launcher removes the
+MPICH shared-memory files in ``/dev/shm`` its ranks recorded and left behind (a job ended by a
+signal, or by mpiexec after a rank died; see ``replicate/runtime/job/mpi_shm.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..runtime.job import mpi_shm, status
+
+GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
+PREFIX = "[replicate.launch]"
+
+
+def find_mpiexec() -> str:
+    """The ``mpiexec`` next to this Python (the wheel's), else the first one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise SystemExit("replicate.launch: no mpiexec found; install it with "
+                     "pip install 'replicate[mpi]'")
+
+
+def command(n: int, script: str | None, args: list[str], module: str | None = None,
+            mpi_args=()) -> list[str]:
+    """The ``mpiexec`` command line: every rank runs the bootstrap on the script (or module)."""
+    target = ["-m", module] if module else [script]
+    return [find_mpiexec(), "-n", str(n), *mpi_args, sys.executable, "-m", "replicate", *target,
+            *args]
+
+
+# MPICH (hydra) options that take no value; every other unknown option takes the next word
+NO_VALUE = frozenset({"-l", "-prepend-rank", "--prepend-rank", "-verbose", "--verbose", "-v",
+                      "-info", "-disable-x", "-enable-x", "-print-all-exitcodes",
+                      "-disable-auto-cleanup", "-genvall", "-genvnone", "-usize", "-nameserver"})
+
+
+def parse(argv: list[str]):
+    """(nprocs, module, prefix_rank, mpiexec's options, script, the script's args) from the
+    launcher's command line: its own options and mpiexec's come before the script."""
+    nprocs, prefix, mpi, i = 2, False, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            raise SystemExit(__doc__)
+        if arg in ("-n", "-np", "--nprocs") or arg.startswith(("-n=", "--nprocs=")):
+            value, i = (arg.split("=", 1)[1], i + 1) if "=" in arg else (_value(argv, i), i + 2)
+            if not value.isdigit() or int(value) < 1:
+                raise SystemExit(f"replicate.launch: -n needs a number >= 1, got {value!r}")
+            nprocs = int(value)
+            continue
+        if arg == "-m":
+            return nprocs, _value(argv, i), prefix, mpi, None, argv[i + 2:]
+        if arg == "--prefix-rank":
+            prefix, i = True, i + 1
+        elif arg == "--":
+            i += 1
+            break
+        elif arg.startswith("-") and arg != "-":
+            takes = "=" not in arg and arg not in NO_VALUE
+            mpi += argv[i:i + 2] if takes else [arg]
+            if takes:
+                _value(argv, i)
+            i += 2 if takes else 1
+        else:
+            break
+    if i >= len(argv):
+        raise SystemExit("replicate.launch: a script (or -m module) is required")
+    return nprocs, None, prefix, mpi, argv[i], argv[i + 1:]
+
+
+def _value(argv, i):
+    if i + 1 >= len(argv):
+        raise SystemExit(f"replicate.launch: {argv[i]} needs a value")
+    return argv[i + 1]
+
+
+def share_threads(environ, nprocs: int) -> None:
+    """One BLAS thread per core share, no oversubscription: set the thread-count variables the
+    user left unset. Every BLAS reads ``OMP_NUM_THREADS`` after its own variable, so a user's
+    ``OMP_NUM_THREADS`` is their choice for every library and nothing is added; a library's own
+    variable the user set (``MKL_NUM_THREADS=1``) is kept, and the others get the share.
+
+    >>> env = {"MKL_NUM_THREADS": "1"}
+    >>> share_threads(env, os.cpu_count() or 1)  # one process per core: one thread each
+    >>> env["MKL_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"], env["OMP_NUM_THREADS"]
+    ('1', '1', '1')
+    """
+    if environ.get("OMP_NUM_THREADS", "").strip():
+        return
+    threads = str(max(1, (os.cpu_count() or 1) // nprocs))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        if not environ.get(var, "").strip():
+            environ[var] = threads
+
+
+XLA_MEMORY_VARIABLES = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                        "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def gpu_environment(environ) -> None:
+    """JAX on a GPU, as the launcher, the tests and the benchmarks start it: XLA takes memory as
+    it needs it instead of 75 % of the GPU up front (``XLA_PYTHON_CLIENT_PREALLOCATE=false``:
+    two ranks on one GPU, or JAX beside CuPy, would run out), and its GPU ops are deterministic
+    (``--xla_gpu_deterministic_ops=true``: a scatter-add without atomics, so results are bitwise
+    the same run to run). Each is left as the user set it: any of ``XLA_MEMORY_VARIABLES``, or
+    the flag named in ``XLA_FLAGS``. Must run before JAX makes its first array.
+
+    >>> env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}
+    >>> gpu_environment(env)
+    >>> "XLA_PYTHON_CLIENT_PREALLOCATE" in env, env["XLA_FLAGS"]
+    (False, '--xla_gpu_deterministic_ops=true')
+    """
+    if not any(environ.get(v, "").strip() for v in XLA_MEMORY_VARIABLES):
+        environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    flags = environ.get("XLA_FLAGS", "")
+    if "xla_gpu_deterministic_ops" not in flags:
+        environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+
+
+def _at(record) -> str:
+    return "before its first step" if record["step"] is None else f"at step {record['step']}"
+
+
+def verdict(returncode: int, records: dict, n: int, first=None) -> tuple[int, str | None]:
+    """(exit code, message or None) of the whole job from ``mpiexec``'s exit code and the
+    ranks' records: exit code 0 only if every rank that left a record finished its script.
+    ``first``: the rank seen to end first, if one was (the others were then ended by mpiexec).
+
+    When a rank reported its own failure (it printed why and ended the job) ``mpiexec``'s exit
+    code stands. Otherwise a rank that did not finish its script is named: with exit code 0 it
+    left early (``os._exit(0)`` or ``exit(0)`` below Python: mpiexec ends the others silently and
+    returns 0); with another code it was killed, or exited below Python, and mpiexec's own
+    report names only the processes it then killed."""
+    if any(rec["state"] == status.FAILED for rec in records.values()):
+        return returncode, None
+    unfinished = {r: rec for r, rec in sorted(records.items()) if rec["state"] != status.DONE}
+    if not unfinished:
+        return returncode, None
+    if first not in unfinished and len(unfinished) == 1:
+        first = next(iter(unfinished))
+    code = returncode or 1
+    if first in unfinished:
+        others = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items() if r != first)
+        others = f" (unfinished: {others})" if others else ""
+        if returncode == 0:
+            return code, (f"{PREFIX} rank {first} exited early (code 0) {_at(unfinished[first])}:"
+                          " it ended without finishing its script (os._exit, or exit() below "
+                          "Python), and mpiexec then ended the other ranks silently and returned "
+                          f"0; the job's work is incomplete{others}.")
+        return code, (f"{PREFIX} rank {first} ended first, {_at(unfinished[first])}, without "
+                      "finishing its script or reporting a failure (killed by a signal, or "
+                      f"exit() below Python); mpiexec then ended the other ranks{others}.")
+    ranks = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items())
+    how = "exited early (code 0)" if returncode == 0 else "ended without finishing"
+    return code, (f"{PREFIX} ranks {sorted(unfinished)} {how}: {ranks}; one of them ended "
+                  "first without finishing its script or reporting a failure (os._exit, a "
+                  "signal, or exit() below Python) and mpiexec then ended the others.")
+
+
+class Exits:
+    """The order in which the ranks on this machine end, to tell the rank that left from the
+    ranks mpiexec then ended: each rank's bootstrap connects to this socket and never writes;
+    the kernel closes the connection when the rank's process ends. A rank that leaves closes
+    its connection before mpiexec even learns of it, so before the ranks mpiexec then kills
+    close theirs."""
+
+    def __init__(self, folder: str):
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(os.path.join(folder, status.SOCKET))
+        self.server.listen(1024)
+        self.server.setblocking(False)
+        self.conns: dict = {}  # connection -> rank (None until it said which)
+        self.order: list[list[int]] = []  # batches of ranks seen ending together
+        self.ended: set[int] = set()
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for ranks to connect, say their rank, or end."""
+        ready, _, _ = select.select([self.server, *self.conns], [], [], seconds)
+        batch = []
+        for sock in ready:
+            if sock is self.server:
+                try:
+                    conn, _ = self.server.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                self.conns[conn] = None
+                continue
+            try:
+                data = sock.recv(64)
+            except OSError:
+                data = b""
+            if data and self.conns[sock] is None and data.strip().isdigit():
+                self.conns[sock] = int(data.strip())
+                continue
+            if not data:  # the process has ended
+                rank = self.conns.pop(sock)
+                sock.close()
+                if rank is not None:
+                    batch.append(rank)
+                    self.ended.add(rank)
+        if batch:
+            self.order.append(sorted(batch))
+
+    def first(self):
+        """The rank that ended first, if it ended alone."""
+        return self.order[0][0] if self.order and len(self.order[0]) == 1 else None
+
+    def close(self):
+        for conn in self.conns:
+            conn.close()
+        self.conns.clear()
+        self.server.close()
+
+
+def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int:
+    """Wait for ``mpiexec``; end it if a rank is gone and it has not ended the job within
+    ``GRACE`` seconds (a rank that failed before MPI was up leaves the others waiting in MPI's
+    start-up). Returns the job's exit code."""
+    gone_since = None
+    while proc.poll() is None:
+        try:
+            exits.wait(poll)
+        except KeyboardInterrupt:  # mpiexec got the same Ctrl-C and ends the ranks
+            continue
+        if not exits.ended:
+            continue
+        records = status.read(folder)
+        gone = {r: records[r] for r in exits.ended
+                if r in records and records[r]["state"] != status.DONE}
+        if not gone:
+            continue
+        gone_since = gone_since or time.monotonic()
+        if time.monotonic() - gone_since > GRACE and proc.poll() is None:
+            r, rec = min(gone.items())
+            print(f"{PREFIX} rank {r} ({status.STATE_NAMES.get(rec['state'], '?')}, "
+                  f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
+                  "ending it", file=sys.stderr, flush=True)
+            _end(proc)
+            return 1
+    exits.wait(0)
+    code, message = verdict(proc.returncode, status.read(folder), n, exits.first())
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _end(proc):
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main(argv=None) -> int:
+    nprocs, module, prefix, mpi_args, script, args = parse(
+        sys.argv[1:] if argv is None else list(argv))
+    cmd = command(nprocs, script, args, module, mpi_args)
+    env = dict(os.environ)
+    share_threads(env, nprocs)
+    gpu_environment(env)
+    if prefix:
+        env["REPLICATE_PREFIX_RANK"] = "1"
+    with tempfile.TemporaryDirectory(prefix="replicate-launch-") as folder:
+        env[status.ENV] = folder
+        exits = Exits(folder)
+        proc = subprocess.Popen(cmd, env=env)
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+        try:
+            return supervise(proc, folder, nprocs, exits)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            exits.close()
+            if proc.poll() is not None:  # the job's ranks are gone: MPICH's files they left
+                mpi_shm.remove_recorded(folder)
+

@@ -1,0 +1,123 @@
+"""Things that happen around ``Replicator.run``: progress bar, metrics log, periodic callbacks.
+
+A callback is any object with ``__call__(replicator, step, outputs)``; it runs on **every** rank
+after each step (``outputs`` are the replica-reduced outputs, identical on all ranks), so a callback
+that communicates (evaluation with collectives, a checkpoint) stays consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ... import tree
+from ...errors import ReplicateError
+from ..variables import checkpoint
+
+
+def scalars(outputs) -> dict:
+    """The scalar leaves of an output nest as {dotted name: float}."""
+    out = {}
+
+    def walk(x, prefix):
+        if isinstance(x, dict):
+            for k in sorted(x):
+                walk(x[k], f"{prefix}{k}.")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{prefix}{i}.")
+        else:
+            a = np.asarray(x)
+            if a.size == 1:  # also (1,)-shaped leaves, e.g. per-replica outputs of 1 replica
+                out[prefix.rstrip(".") or "value"] = float(a.reshape(()))
+
+    walk(outputs, "")
+    return out
+
+
+class Every:
+    """Call ``fn(replicator, step, outputs)`` every ``n`` steps (step counts from 1)."""
+
+    def __init__(self, n: int, fn):
+        self.n, self.fn = int(n), fn
+
+    def __call__(self, rep, step, outputs):
+        if step % self.n == 0:
+            self.fn(rep, step, outputs)
+
+
+class Checkpoint:
+    """Save ``state`` every ``every`` steps to ``path_pattern.format(step=...)``; keep the last
+    ``keep`` files (0: all), counting the ones an earlier run left under the same pattern.
+
+    Resume with ``Replicator.restore(path_pattern, state)``: it takes the newest intact file (a
+    truncated or corrupt one is skipped with a warning), so keep at least 2."""
+
+    def __init__(self, path_pattern: str, state, every: int, keep: int = 3):
+        if int(every) < 1 or int(keep) < 0:
+            raise ReplicateError(f"Checkpoint: every must be >= 1 and keep >= 0, got every="
+                                 f"{every!r}, keep={keep!r}")
+        self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
+        self.written: list[str] | None = None  # oldest first; found on disk at the first save
+
+    def __call__(self, rep, step, outputs):
+        if step % self.every:
+            return
+        if self.written is None:
+            self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
+                            if s < step]
+        path = self.pattern.format(step=step)
+        checkpoint.save(path, self.state, step=step, comm=rep.comm,
+                        verify=getattr(rep, "check_sync", True) is not False)
+        if rep.rank == 0:
+            if path in self.written:  # a fixed name ("last.npz") was just overwritten: keep it
+                self.written.remove(path)
+            self.written.append(path)
+            while self.keep and len(self.written) > self.keep:
+                old = self.written.pop(0)
+                if os.path.exists(old):
+                    os.unlink(old)
+
+
+class MetricsLog:
+    """Append each step's scalar outputs to a JSONL file (rank 0 only)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, rep, step, outputs):
+        if rep.rank != 0:
+            return
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **scalars(outputs)}) + "\n")
+
+
+class Progress:
+    """A tqdm bar on rank 0 with step, steps/s and the latest scalar outputs."""
+
+    def __init__(self, total=None, every: int = 1):
+        self.total, self.every, self.bar = total, every, None
+
+    def __call__(self, rep, step, outputs):
+        if rep.rank != 0:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=step - 1, unit="step", dynamic_ncols=True)
+        self.bar.update(1)
+        if step % self.every == 0:
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in scalars(outputs).items()},
+                                 refresh=False)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "tree"]

@@ -1,0 +1,113 @@
+"""Where each process stands: data parallelism over replica groups, model parallelism inside.
+
+``Replicator(..., logical_devices=m, micro_batches=M)``: the n processes form R/k = n/m
+*replica groups* of m consecutive ranks; rank p is logical device ``p % m`` of group ``p // m``
+and holds that device's part of its k replicas. Two communicators are split from the world
+(once per m, at construction, after the ranks agreed on their configuration):
+
+* the *device group* (one process per replica group, the same device): the collectives of the
+  ops placed on that device — the gradient all-reduce of the Variables that live there — and
+  the gathering of the step's outputs (every process holds every output at the end of a step);
+* the *replica group* (the m devices of one replica): the sends and receives between devices.
+
+Each replica runs ``input_fn`` on every one of its processes (with the same context: the
+same batches); the step reads the batch on device 0 and sends on what other devices use.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ...compiler import compile_step
+from ...context import ReplicaContext
+from ...errors import ReplicateError
+from ...model_parallel import Where
+from ..checks import nan_check
+from ..communication.comm import add_group, group
+from ..variables import owners
+
+_SPLITS: dict = {}  # m -> (device group, replica group) of this process
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ReplicateError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+class Layout:
+    """This process's place: ``device`` of ``m``, replica ``group`` of ``groups``, its contexts
+    and communicators, and how its step is compiled."""
+
+    def __init__(self, comm, k: int, logical_devices=1, micro_batches=1, mode="graph"):
+        m = _count(logical_devices, "logical_devices")
+        micro = _count(micro_batches, "micro_batches")
+        if mode == "eager" and k != 1:
+            raise ReplicateError(
+                "eager mode runs one replica per process (ChainerMN-style); use "
+                "replicas_per_rank=1 and more processes (mpiexec -n N), or graph mode for "
+                "several replicas per process")
+        if mode == "eager" and (m > 1 or micro > 1):
+            raise ReplicateError(
+                f"logical_devices={m}, micro_batches={micro}: model parallelism and micro-batches "
+                "run in graph mode only (mode='graph'); eager mode runs one replica per process")
+        if comm.size % m:
+            raise ReplicateError(
+                f"logical_devices={m} does not divide the {comm.size} process(es): a replica "
+                f"spans {m} processes (one per logical device), so launch a multiple of {m}")
+        self.comm, self.k, self.m, self.micro = comm, k, m, micro
+        self.group, self.device = divmod(comm.rank, m)
+        self.groups = comm.size // m
+        self.num_replicas = self.groups * k
+        self.outputs_comm = comm
+        self.where = Where(m, micro, self.device, self.group, self.groups)
+
+    def world_rank(self, r: int) -> int:
+        """The world rank of process ``r`` of ``outputs_comm`` (this device's group)."""
+        return r * self.m + self.device if self.m > 1 else r
+
+    def contexts(self) -> list:
+        """Each local replica's context (the same on the m processes of a replica)."""
+        k = self.k
+        return [ReplicaContext(self.group * k + r, self.num_replicas, self.comm.rank,
+                               self.comm.size, r, k) for r in range(k)]
+
+    def connect(self) -> None:
+        """Split the device and replica groups' communicators (every rank, at construction)."""
+        if self.m == 1:
+            return
+        if self.m not in _SPLITS:
+            m, d, g = self.m, self.device, self.group
+            device = self.comm.split(d, f"device{d}.of{m}", key=g)
+            replica = self.comm.split(g, f"replica{g}.of{m}", key=d)
+            add_group(device)
+            add_group(replica)
+            _SPLITS[self.m] = device, replica
+        device, replica = _SPLITS[self.m]
+        self.outputs_comm = device
+        self.where = Where(self.m, self.micro, self.device, self.group, self.groups,
+                           device.label if self.groups > 1 else None, replica.label)
+
+    def non_finite_updates(self, updates) -> list:
+        """``nan_check.non_finite_updates`` of the updates this process made; with logical
+        devices each device makes its own Variables' updates, so the replica's processes share
+        what they found (one small exchange, with ``check_finite`` only)."""
+        bad = nan_check.non_finite_updates(updates)
+        if self.m > 1:
+            found = group(self.where.replica_comm).allgather_obj(bad)
+            bad = list(dict.fromkeys(b for lines in found for b in lines))
+        return bad
+
+    def gather(self, variables) -> None:
+        """The end of a run: each process of the replica gets the current value of the
+        Variables that live on its other devices (``owners.gather``)."""
+        if self.m > 1:
+            owners.gather(variables, self.where.replica_comm, forget=True)
+
+    def compile_step(self, step_fn, batches, contexts, backend, options, input_fn=None):
+        return compile_step(step_fn, batches, contexts, backend=backend, options=options,
+                            num_ranks=self.comm.size, rank=self.comm.rank, where=self.where,
+                            input_fn=input_fn)
+
+
+__all__ = ["Layout"]
