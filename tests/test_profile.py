@@ -148,3 +148,27 @@ def test_the_cupy_backend_records_each_kernel_synchronised(tmp_path):
     events = _valid_trace(path)
     (step,) = [e for e in events if e["cat"] == "step"]
     assert [e["name"] for e in _inside(events, step)] == f.executable(x).kernels
+
+
+def test_a_replicator_run_records_input_steps_and_checkpoints(tmp_path):
+    w = rp.Variable(np.zeros(4), name="w")
+
+    def input_fn(ctx):
+        for _ in range(3):
+            yield np.ones(4)
+
+    def step_fn(x):
+        w.assign(w + rp.all_reduce(x, "mean"))
+        return w.sum()
+
+    rep = rp.Replicator(input_fn, step_fn, replicas_per_rank=2)
+    save = rp.callbacks.Checkpoint(str(tmp_path / "ckpt-{step}.npz"), w, every=2)
+    path = tmp_path / "run.json"
+    rep.run(profile=str(path), callbacks=[save])
+    events = _valid_trace(path)
+    names = [e["name"] for e in events]
+    assert names.count("replicator step") == 3 and names.count("input") == 4  # (+ the end)
+    assert names.count("checkpoint save") == 1
+    for outer in (e for e in events if e["name"] == "replicator step"):
+        assert any(e["name"] == "compiled step" for e in _inside(events, outer))
+    assert rp.profile.active() is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -93,6 +94,20 @@ class Profiler:
 def active() -> Profiler | None:
     """The running profiler, or None."""
     return _ACTIVE
+
+
+def spanned(name: str, cat: str):
+    """A decorator: each call of the function is an event when a profiler runs."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            profiler = _ACTIVE
+            if profiler is None:
+                return fn(*args, **kwargs)
+            with profiler.span(name, cat):
+                return fn(*args, **kwargs)
+        return run
+    return wrap
 
 
 def span(name: str, cat: str, **args):
@@ -192,4 +207,4 @@ def _per_rank(path: str, rank: int) -> str:
     return f"{stem}.rank{rank}{suffix or '.json'}"
 
 
-__all__ = ["Profiler", "active", "load", "recording", "span", "summary"]
+__all__ = ["Profiler", "active", "load", "recording", "span", "spanned", "summary"]

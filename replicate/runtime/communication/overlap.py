@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ... import profile
 from .comm import group
 
 _threads: dict = {}  # communicator label -> its communication thread
@@ -53,10 +54,15 @@ class CommThread:
     def _loop(self):
         while True:
             handle, fn, args = self.jobs.get()
+            profiler = profile.active()
+            start = profiler.now() if profiler is not None else 0
             try:
                 handle._value = fn(self.comm, *args)
             except BaseException as e:  # handed to whoever waits for this bucket
                 handle._error = e
+            if profiler is not None:
+                profiler.add("allreduce (communication thread)", "communication", start,
+                             profiler.now(), bytes=int(getattr(args[0], "nbytes", 0)))
             handle._done.set()
 
 

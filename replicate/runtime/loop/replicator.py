@@ -9,16 +9,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from ... import profile as profiling
 from ... import state, tree
 from ...backends import get_backend
 from ...context import replica_scope
-from ...errors import (
-    CollectiveMismatchError,
-    ReplicateError,
-    at_user_line,
-    source_line,
-    user_frame,
-)
+from ...errors import CollectiveMismatchError, ReplicateError, at_user_line, source_line, user_frame
 from ...function import as_options, check_mode, to_numpy
 from ...graph.aval import AVal
 from ...graph.trace import signature
@@ -133,13 +128,16 @@ class Replicator:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, steps: int | None = None, *, callbacks=(), progress: bool = False,
-            metrics: str | None = None) -> list:
+            metrics: str | None = None, profile: str | None = None) -> list:
         """Run ``steps`` steps (or until the input runs out); return the reduced outputs.
 
         ``callbacks``: objects called as ``cb(replicator, step, outputs)`` after every step on
         every rank (see ``rp.callbacks``: ``Every``, ``Checkpoint``). ``progress``: a tqdm bar on
         rank 0. ``metrics``: a JSONL file that rank 0 appends each step's scalar outputs to.
-        """
+        ``profile``: a Chrome/Perfetto trace of the run, one file per rank (``rp.profile``)."""
+        if profile is not None and profiling.active() is None:
+            with profiling.recording(profile):
+                return self.run(steps, callbacks=callbacks, progress=progress, metrics=metrics)
         if steps is not None and steps < 0:
             raise ReplicateError(f"steps must be >= 0, got {steps}")
         if self._iterators is None:
@@ -241,6 +239,7 @@ class Replicator:
             self.rank, f"[replicate] rank {self.rank} failed {where}; aborting the job:",
             *sys.exc_info()))
 
+    @profiling.spanned("input", "input")
     def _next_batches(self):
         """Every replica's next batch, or None where any replica on any rank has run out.
 
@@ -291,6 +290,7 @@ class Replicator:
         return (f"the start of step {self.step + 1} (its input check, before step_fn) in "
                 f"Replicator.run at {source_line(user_frame())}")
 
+    @profiling.spanned("replicator step", "step")
     def _run_step(self, batches):
         """Run the step, gather its outputs; with ``check_finite`` check the outputs and the
         variables' new values (every rank's verdict travels with the outputs, so every rank

@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 
+from ... import profile
 from ...dtypes import as_dtype, bfloat16
 from ...errors import (
     CheckpointError,
@@ -84,6 +85,7 @@ def _umask() -> int:
     return mask
 
 
+@profile.spanned("checkpoint save", "checkpoint")
 def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
          verify: bool = True) -> None:
     """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``.
