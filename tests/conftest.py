@@ -23,6 +23,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
+# Every compile in the suite validates the graph after each pass (``replicate/compiler.py``);
+# os.environ, so the multi-process programs and every other child process inherit it.
+os.environ["REPLICATE_VALIDATE"] = "1"
+
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 
 import numpy as np
@@ -115,6 +116,16 @@ def test_validation_runs_after_the_collective_rewrite(monkeypatch):
     f = rp.function(lambda x: rp.all_reduce(rnp.exp(x) + 1.0, "sum"))
     with pytest.raises(InvalidGraphError, match="before it is defined"):
         f(np.ones(3))
+
+
+def test_the_suite_validates_every_pass():
+    """``tests/conftest.py`` turns the validator on for every test and every process a test
+    starts (README, ``docs/ARCHITECTURE.md``): a pass that breaks a graph fails the test that
+    compiled it, not a later step that runs it, if any does."""
+    from conftest import child_env
+
+    assert os.environ.get("REPLICATE_VALIDATE") == "1"
+    assert child_env().get("REPLICATE_VALIDATE") == "1"
 
 
 def test_every_pass_of_the_road_is_printed(monkeypatch, capsys):
