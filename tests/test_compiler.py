@@ -265,11 +265,28 @@ def test_hundred_gradients_become_buckets(bucket_bytes, expect):
     # overlap: every bucket starts before the first wait (the backward pass runs meanwhile) ...
     order = [n.prim for n in exe.graph.nodes if n.prim.startswith("comm_")]
     assert order == ["comm_start"] * expect + ["comm_wait"] * expect
-    # ... and the first bucket holds the first-ready gradient: the last parameter's
-    first_bucket_input = starts[0].inputs[0]
-    producer = first_bucket_input.node
-    assert producer.prim in ("concatenate", "reshape", "mul", "fused") or producer is not None
+    # ... and the buckets fill in the order the gradients become ready: the last parameter's
+    # first (its update reads bucket 0), the first parameter's last
     assert [n.attrs["bucket"] for n in starts] == list(range(expect))
+    read = [_buckets_read(exe.graph.outputs[1 + i]) for i in range(len(params))]
+    assert read[-1] == {0} and read[0] == {expect - 1}
+    assert all(len(r) == 1 for r in read)
+    assert [min(r) for r in read[::-1]] == sorted(min(r) for r in read)
+
+
+def _buckets_read(value) -> set:
+    """The buckets (``comm_wait`` nodes) that ``value`` is computed from."""
+    found, seen, todo = set(), set(), [value]
+    while todo:
+        x = todo.pop()
+        if x.node is None or x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.node.prim == "comm_wait":
+            found.add(x.node.attrs["bucket"])
+        else:
+            todo.extend(x.node.inputs)
+    return found
 
 
 @pytest.mark.parametrize("grad_out", [False, True], ids=["bucket", "gradient-returned"])

@@ -48,15 +48,22 @@ def test_no_rule_without_a_primitive():
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_primitive_entries(name):
+    """One primitive's rules and flags agree with each other (what ``declare`` cannot check
+    alone: its name, kind and shape rule are checked when it is made)."""
     prim = REGISTRY[name]
-    assert prim.name == name
-    assert prim.kind in {primitives.ELEMENTWISE, primitives.REDUCTION, primitives.STRUCTURAL,
-                         primitives.CONTRACTION, primitives.RANDOM, primitives.SOURCE,
-                         primitives.COLLECTIVE, primitives.FUSED}
-    assert callable(prim.shape_rule)
     assert callable(IMPL.get(name)), f"no numpy rule for {name}"
     if prim.differentiable:
         assert callable(VJP.get(name)), f"no vjp rule for {name}"
+    assert prim.fuse in (None, "map", "reduce"), prim.fuse
+    if prim.fuse == "reduce":
+        assert prim.kind == primitives.REDUCTION, "only a reduction fuses as a reduce"
+    if prim.cuda is not None:
+        assert prim.fuse == "map", "a CUDA expression is for a fused map"
+    if prim.placeholder:
+        assert prim.kind == primitives.COLLECTIVE and prim.effect, \
+            "a placeholder is a collective that must run"
+    if prim.exchange:
+        assert prim.host and prim.effect, "what talks to other processes runs on the host, always"
 
 
 def test_registry_is_not_trivially_small():
