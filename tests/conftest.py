@@ -52,9 +52,25 @@ if HERE not in sys.path:
 from replicate.launch import gpu_environment  # noqa: E402
 
 gpu_environment(os.environ)
-from cupy_standin import install as _install_cupy_standin  # noqa: E402
+import cupy_standin  # noqa: E402
 
-CUPY_STANDIN = _install_cupy_standin()
+CUPY_STANDIN = cupy_standin.install()
+
+
+def column(backend: str) -> str:
+    """A backend's name in test ids: ``cupy-standin`` where the cupy backend runs on the CuPy
+    stand-in. Its kernels evaluate each fused group with the NumPy reference rows, so such a test
+    checks the backend's host logic (dtypes, shapes, buffers, launches) and compares the
+    reference with itself: the generated CUDA expressions are checked by ``test_cuda_host.py``
+    (compiled with g++) and ``test_cupy_kernels.py`` (NVRTC), their numbers on a GPU only."""
+    return "cupy-standin" if backend == "cupy" and cupy_standin.ACTIVE else backend
+
+
+def pytest_report_header(config):
+    if cupy_standin.ACTIVE:
+        return ["cupy: the CuPy stand-in (no GPU): fused groups run the NumPy reference rows, "
+                "so the cupy-standin parity tests compare the reference with itself"]
+    return []
 
 
 def have_mpi() -> bool:

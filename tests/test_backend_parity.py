@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_modes as modes  # noqa: E402
 import test_ops as ops  # noqa: E402
 
-from conftest import mpirun, needs_mpi, report  # noqa: E402
+from conftest import column, mpirun, needs_mpi, report  # noqa: E402
 
 HAVE_JAX = importlib.util.find_spec("jax") is not None
 
@@ -48,7 +48,7 @@ def backends_under_test() -> list:
     names = [n for n in available() if n not in ("numpy", "null")]
     if HAVE_JAX and "jax" not in names:
         names.append("jax")  # installed but not importable: let its tests fail, not skip
-    params = [pytest.param(n, id=n) for n in sorted(names)]
+    params = [pytest.param(n, id=column(n)) for n in sorted(names)]
     if not HAVE_JAX:
         params.append(pytest.param("jax", id="jax",
                                    marks=pytest.mark.skip(reason="jax not installed")))

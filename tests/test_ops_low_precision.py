@@ -57,11 +57,14 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from replicate.backends import available
 from replicate.dtypes import finfo, is_float
 from replicate.graph.reference import MOVES
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_ops import CASES, Case, leaves, to_numpy  # noqa: E402
+
+from conftest import column  # noqa: E402
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 LOW = {"bfloat16": rp.bfloat16, "float16": rp.float16}
@@ -76,18 +79,11 @@ EXACT = MOVES | {"pad", "neg", "abs", "sign", "maximum", "minimum", "select", "r
                  "logical_and", "logical_or", "logical_not", "isfinite"}
 
 
-def _have_cupy_gpu() -> bool:
-    if importlib.util.find_spec("cupy") is None:
-        return False
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no driver, no device: no CuPy backend here
-        return False
-
-
-HAVE_CUPY = _have_cupy_gpu()
+# the cupy backend: on a GPU, or on the CuPy stand-in (``tests/cupy_standin.py``), whose kernels
+# run the NumPy reference rows: there the ids say ``cupy-standin``
+HAVE_CUPY = "cupy" in available()
+needs_cupy = pytest.mark.skipif(not HAVE_CUPY, reason="the cupy backend needs CuPy: a GPU, or "
+                                "the CuPy stand-in (REPLICATE_CUPY_STANDIN=0 turned it off)")
 RUNS = {"numpy": dict(mode="graph"), "eager": dict(mode="eager"), "jax": dict(backend="jax"),
         "cupy": dict(backend="cupy")}
 
@@ -412,7 +408,7 @@ def marks(c: Case, dtype: str, where: str, check: str):
 
 
 def params(cases, check: str, wheres, dtypes=tuple(LOW)) -> list:
-    return [pytest.param(c, dtype, where, id=f"{c.id}-{dtype}-{where}",
+    return [pytest.param(c, dtype, where, id=f"{c.id}-{dtype}-{column(where)}",
                          marks=marks(c, dtype, where, check))
             for c in cases for dtype in dtypes for where in wheres]
 
@@ -459,20 +455,19 @@ def test_gradient(c, dtype, where):
     _gradient(c, dtype, where)
 
 
-if HAVE_CUPY:  # float16 only: CuPy has no bfloat16 (the backend refuses it with a clear error)
-    @pytest.mark.parametrize("c, dtype, where",
-                             params(LOW_CASES, "forward", ["cupy"], ("float16",)))
-    def test_cupy_forward(c, dtype, where):
-        _forward(c, dtype, where)
+# float16 only: CuPy has no bfloat16 (the backend refuses it with a clear error)
+@needs_cupy
+@pytest.mark.parametrize("c, dtype, where",
+                         params(LOW_CASES, "forward", ["cupy"], ("float16",)))
+def test_cupy_forward(c, dtype, where):
+    _forward(c, dtype, where)
 
-    @pytest.mark.parametrize("c, dtype, where",
-                             params(GRAD_CASES, "gradient", ["cupy"], ("float16",)))
-    def test_cupy_gradient(c, dtype, where):
-        _gradient(c, dtype, where)
-else:
-    @pytest.mark.skip(reason="the cupy backend needs cupy and a GPU, not here")
-    def test_cupy():
-        pass
+
+@needs_cupy
+@pytest.mark.parametrize("c, dtype, where",
+                         params(GRAD_CASES, "gradient", ["cupy"], ("float16",)))
+def test_cupy_gradient(c, dtype, where):
+    _gradient(c, dtype, where)
 
 
 def test_every_op_with_float_inputs_is_covered():
