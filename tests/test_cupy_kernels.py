@@ -15,22 +15,19 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
+import cupy_nvrtc
+import cupy_standin
 import numpy as np
 import pytest
+from harness import steps as modes
 
 import replicate as rp
 import replicate.numpy as rnp
 from replicate.backends import available
 from replicate.backends.cuda_launches import LAUNCHES
 from replicate.graph.primitives import REGISTRY, prims_where
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cupy_nvrtc  # noqa: E402
-import cupy_standin  # noqa: E402
-import test_modes as modes  # noqa: E402
 
 pytestmark = pytest.mark.skipif("cupy" not in available(), reason=(
     "the cupy backend is not available: no GPU, and the CuPy stand-in is off "

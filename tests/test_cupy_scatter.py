@@ -7,20 +7,16 @@ host. Nothing is read back to the host between the sort and the sums (no synchro
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from test_cupy_kernels import _compile_or_skip
 
 import replicate as rp
 from replicate.backends import available
 from replicate.backends.cuda_launches import LAUNCHES
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_cupy_kernels import _compile_or_skip  # noqa: E402
 
 pytestmark = pytest.mark.skipif("cupy" not in available(), reason=(
     "the cupy backend is not available: no GPU, and the CuPy stand-in is off"))

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import threading
 import warnings
 
+import cupy_standin
 import numpy as np
 import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from replicate.backends import available
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cupy_standin  # noqa: E402
-
 from conftest import PROGRAMS, child_env, mpirun, needs_mpi, report  # noqa: E402
+from replicate.backends import available
 
 pytestmark = pytest.mark.skipif("cupy" not in available(), reason=(
     "the cupy backend is not available: no GPU, and the CuPy stand-in is off "

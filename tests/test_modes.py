@@ -1,7 +1,8 @@
 """Graph mode and eager mode agree on whole training steps; tracing, errors, printing, validation.
 
-* (a) an MLP SGD step, (b) a small conv net step with pooling, (c) a WGAN-GP critic step whose
-  loss contains a gradient (so its parameter gradient is a gradient of a gradient): loss,
+* the steps of ``tests/harness/steps.py`` — (a) an MLP SGD step, (b) a small conv net step with
+  pooling, (c) a WGAN-GP critic step whose loss contains a gradient (so its parameter gradient is
+  a gradient of a gradient): loss,
   gradients and updated ``rp.Variable``s agree between ``rp.function(step)`` and
   ``rp.function(step, mode="eager")``; (a) and (c) also against finite differences of a NumPy
   forward pass written independently here.
@@ -14,6 +15,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness.steps import (
+    CNN_BATCHES,
+    CNN_INIT,
+    GP_BATCHES,
+    GP_INIT,
+    LAMBDA,
+    MLP_BATCHES,
+    MLP_INIT,
+    make_cnn_step,
+    make_gp_step,
+    make_mlp_step,
+    snapshot,
+    variables,
+)
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -21,14 +36,6 @@ from replicate.graph.core import Array, AVal, Graph
 from replicate.graph.validate import InvalidGraphError, validate
 
 RTOL = 1e-12  # graph and eager run the same float64 arithmetic
-
-
-def variables(values: dict) -> dict:
-    return {k: rp.Variable(v.copy(), name=k) for k, v in values.items()}
-
-
-def snapshot(params: dict) -> dict:
-    return {k: v.numpy().copy() for k, v in params.items()}
 
 
 def run_both(make_step, init: dict, batches: list):
@@ -71,34 +78,7 @@ def finite_difference_grads(loss, params: dict, eps=1e-6) -> dict:
     return grads
 
 
-def sgd(params, grads, lr):
-    for k, p in params.items():
-        p.assign(p - lr * grads[k])
-
-
 # -- (a) MLP -----------------------------------------------------------------------------------
-RNG = np.random.default_rng(0)
-MLP_INIT = {"w1": RNG.standard_normal((4, 8)) * 0.5, "b1": RNG.standard_normal(8) * 0.1,
-            "w2": RNG.standard_normal((8, 3)) * 0.5, "b2": np.zeros(3)}
-MLP_BATCHES = [(RNG.standard_normal((6, 4)), RNG.integers(0, 3, 6)) for _ in range(3)]
-
-
-def mlp_loss(p, x, y):
-    h = rnp.tanh(x @ p["w1"] + p["b1"])
-    logits = h @ p["w2"] + p["b2"]
-    return rnp.mean(rnp.logsumexp(logits, axis=1) - rnp.sum(logits * rnp.one_hot(y, 3), axis=1))
-
-
-def make_mlp_step(params):
-    def step(x, y):
-        loss = mlp_loss(params, x, y)
-        grads = rp.grad(loss, params)
-        sgd(params, grads, 0.1)
-        return {"loss": loss, "grads": grads}
-
-    return step
-
-
 def mlp_loss_numpy(p, x, y):
     h = np.tanh(x @ p["w1"] + p["b1"])
     logits = h @ p["w2"] + p["b2"]
@@ -129,27 +109,6 @@ def test_mlp_step_matches_numpy_and_finite_differences():
 
 
 # -- (b) a small conv net with pooling ----------------------------------------------------------
-CNN_INIT = {"k1": RNG.standard_normal((3, 1, 3, 3)) * 0.5, "k2": RNG.standard_normal((4, 3, 3, 3)),
-            "w": RNG.standard_normal((4, 2)) * 0.5, "b": np.zeros(2)}
-CNN_BATCHES = [(RNG.standard_normal((2, 1, 8, 8)), RNG.integers(0, 2, 2)) for _ in range(2)]
-
-
-def make_cnn_step(params):
-    def step(x, y):
-        h = rnp.maximum(rnp.conv2d(x, params["k1"], padding=1), 0.0)  # (2, 3, 8, 8)
-        h = rnp.max_pool2d(h, 2)  # (2, 3, 4, 4)
-        h = rnp.tanh(rnp.conv2d(h, params["k2"], stride=1))  # (2, 4, 2, 2)
-        h = rnp.reshape(rnp.avg_pool2d(h, 2), (2, 4))
-        logits = h @ params["w"] + params["b"]
-        loss = rnp.mean(rnp.logsumexp(logits, axis=1)
-                        - rnp.take_along_axis(logits, rnp.expand_dims(y, 1), 1)[:, 0])
-        grads = rp.grad(loss, params)
-        sgd(params, grads, 0.5)
-        return loss, grads
-
-    return step
-
-
 def test_conv_net_step_graph_equals_eager():
     res = run_both(make_cnn_step, CNN_INIT, CNN_BATCHES)
     (g_outs, g_params, g_fn), (e_outs, e_params, _) = res["graph"], res["eager"]
@@ -161,35 +120,6 @@ def test_conv_net_step_graph_equals_eager():
 
 
 # -- (c) WGAN-GP: a gradient penalty, so the parameter gradient is a gradient of a gradient ------
-GP_INIT = {"w1": RNG.standard_normal((3, 5)), "b1": RNG.standard_normal(5) * 0.1,
-           "w2": RNG.standard_normal(5), "c": np.zeros(())}
-GP_BATCHES = [(RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3)) + 1.0,
-               RNG.uniform(size=(4, 1))) for _ in range(2)]
-LAMBDA = 10.0
-
-
-def critic(p, x):
-    return rnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["c"]
-
-
-def gp_loss(p, real, fake, eps):
-    x_hat = eps * real + (1.0 - eps) * fake
-    g = rp.grad(rnp.sum(critic(p, x_hat)), x_hat)  # per-sample d critic / d x_hat
-    norm = rnp.sqrt(rnp.sum(g * g, axis=1))
-    penalty = rnp.mean((norm - 1.0) ** 2)
-    return rnp.mean(critic(p, fake)) - rnp.mean(critic(p, real)) + LAMBDA * penalty
-
-
-def make_gp_step(params):
-    def step(real, fake, eps):
-        loss = gp_loss(params, real, fake, eps)
-        grads = rp.grad(loss, params)
-        sgd(params, grads, 0.01)
-        return loss, grads
-
-    return step
-
-
 def gp_penalty_numpy(p, real, fake, eps):
     x_hat = eps * real + (1.0 - eps) * fake
     h = np.tanh(x_hat @ p["w1"] + p["b1"])

@@ -1,4 +1,4 @@
-"""The op harness of ``tests/test_ops.py`` in bfloat16 and float16.
+"""The op harness (``tests/harness/ops.py``) in bfloat16 and float16.
 
 Every harness case with a float input runs with its float inputs rounded to ``rp.bfloat16`` and
 to ``rp.float16``: one case per op and variant (the cases that differ only in their shapes, in
@@ -47,24 +47,19 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
-import os
 import re
-import sys
 import zlib
 
 import numpy as np
 import pytest
+from harness.ops import CASES, Case, leaves, to_numpy
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import column
 from replicate.backends import available
 from replicate.dtypes import finfo, is_float
 from replicate.graph.reference import MOVES
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_ops import CASES, Case, leaves, to_numpy  # noqa: E402
-
-from conftest import column  # noqa: E402
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 LOW = {"bfloat16": rp.bfloat16, "float16": rp.float16}

@@ -1,7 +1,7 @@
 """The cupy backend's transports under ``mpiexec -n 2`` on the CuPy stand-in (run by
 ``tests/test_device_state.py``; prints one line per check, exits non-zero on the first failure).
 
-For each transport the replicated training of ``test_backend_parity`` (every collective, gradient
+For each transport the replicated training of ``harness/parity.py`` (every collective, gradient
 buckets reduced while the backward pass goes on) must give NumPy's losses and parameters:
 
 * ``REPLICATE_STANDIN_DEVICES=2``: each rank on its own GPU -> NCCL (the stand-in's NCCL over
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: conftest installs the CuPy 
 os.environ["REPLICATE_STANDIN_DEVICES"] = "2"
 
 import cupy_standin  # noqa: E402
-import test_backend_parity as P  # noqa: E402
+from harness import parity as P  # noqa: E402
 
 import conftest  # noqa: E402, F401
 import replicate as rp  # noqa: E402
