@@ -14,7 +14,7 @@ with its first input), ``fuse`` (``"map"`` or ``"reduce"``: what it can be in a 
 ``exchange`` (talks to the other processes), ``placeholder`` (a replica-level collective that
 ``passes/replicate_collectives.py`` rewrites), ``random`` (its value depends on a key).
 
-``tests/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
+``tests/graph/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 of ``chainer.testing``): the op on replicate arrays, a plain-NumPy reference, and the inputs
 (shape, dtype, value domain); with the helpers that run a case and compare it with its reference.
 
-``tests/test_ops.py`` checks every case (forward in every mode, gradients, gradients of
+``tests/api/test_ops.py`` checks every case (forward in every mode, gradients, gradients of
 gradients); ``test_ops_low_precision.py`` runs them in bfloat16 and float16, and
 ``test_backend_parity.py`` on every backend against the NumPy one.
 """
@@ -724,7 +724,7 @@ for name, op, ref in [("zeros_like", rnp.zeros_like, np.zeros_like),
     case(name, lambda x, op=op: op(x, dtype=np.int64) + x, lambda x, ref=ref: ref(x, np.int64) + x,
          In((3,), F64), label="dtype+x")
 case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=False)
-# the staples (issue 30; tests/test_numpy_staples.py has the dtype sweeps and the errors)
+# the staples (issue 30; tests/api/test_numpy_staples.py has the dtype sweeps and the errors)
 case("tril", lambda x: rnp.tril(x, 1), lambda x: np.tril(x, 1), In((3, 4)))
 case("triu", lambda x: rnp.triu(x, -1), lambda x: np.triu(x, -1), In((2, 3, 3)))
 case("triu", rnp.triu, np.triu, In((3,), I64))

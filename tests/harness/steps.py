@@ -3,8 +3,8 @@ with pooling, (c) a WGAN-GP critic step whose loss contains a gradient (so its p
 is a gradient of a gradient); each a ``make_*_step(params)`` with its initial values
 (``*_INIT``) and batches (``*_BATCHES``), drawn from one seeded generator in this order.
 
-``tests/test_modes.py`` checks them graph against eager and against NumPy; the parity suites run
-them on every backend (``test_backend_parity.py``) and count their kernels
+``tests/graph/test_modes.py`` checks them graph against eager and against NumPy; the parity suites
+run them on every backend (``test_backend_parity.py``) and count their kernels
 (``test_cupy_kernels.py``).
 """
 
