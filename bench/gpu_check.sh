@@ -21,7 +21,7 @@
 # is here" (what only the stand-in can check) or a missing compiler. The CuPy stand-in of the
 # tests is off: REPLICATE_CUPY_STANDIN=0.
 #
-# Rehearsal without a GPU (tests/test_gpu_check.py): GPU_CHECK_REHEARSAL=1 runs every step on the
+# Rehearsal without a GPU (tests/backends/test_gpu_check.py): GPU_CHECK_REHEARSAL=1 runs every step on the
 # CuPy stand-in seen as a GPU (REPLICATE_CUPY_STANDIN=gpu-view), with GPU_CHECK_PYTHON as the
 # interpreter and GPU_CHECK_SELECT / GPU_CHECK_TESTS / GPU_CHECK_ORACLE / GPU_CHECK_WORKERS /
 # GPU_CHECK_STEPS narrowing the work.
@@ -36,9 +36,9 @@ SELECT=${GPU_CHECK_SELECT:-"cupy or jax or test_cupy_kernels or test_cupy_scatte
 test_device_state or test_cuda_codegen"}
 ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
 STEPS=${GPU_CHECK_STEPS:-"versions parity oracle nccl-one nccl-shared"}
-TESTS=${GPU_CHECK_TESTS:-"tests/test_cupy_kernels.py tests/test_cupy_scatter.py \
-tests/test_cuda_codegen.py tests/test_device_state.py tests/test_backend_parity.py \
-tests/test_ops_low_precision.py tests/test_step_errors.py tests/test_interop.py"}
+TESTS=${GPU_CHECK_TESTS:-"tests/backends/test_cupy_kernels.py tests/backends/test_cupy_scatter.py \
+tests/backends/test_cuda_codegen.py tests/backends/test_device_state.py tests/backends/test_backend_parity.py \
+tests/api/test_ops_low_precision.py tests/graph/test_step_errors.py tests/api/test_interop.py"}
 SUMMARY=$OUTDIR/summary.txt
 : >"$SUMMARY"
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1

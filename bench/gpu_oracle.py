@@ -1,7 +1,7 @@
 """The oracle on the GPU (a step of ``bench/gpu_check.sh``): the replicated training of
-``tests/test_backend_parity.py`` (an MLP, Adam on all-reduced gradients, every collective in the
-loss and outputs) with k replicas in one process, on ``cupy`` and ``jax``, gives NumPy's outputs
-and parameters; exits non-zero on the first difference.
+``tests/backends/test_backend_parity.py`` (an MLP, Adam on all-reduced gradients, every collective
+in the loss and outputs) with k replicas in one process, on ``cupy`` and ``jax``, gives NumPy's
+outputs and parameters; exits non-zero on the first difference.
 
     python bench/gpu_oracle.py 1 2 4
 """

@@ -2,7 +2,7 @@
 
     mpiexec -n 2 python bench/sync_check.py [--steps 400] [--model soak|mlp]
 
-``soak`` is the MLP of tests/programs/faults_soak.py (8-32-2, Adam, batch 16, 2 replicas per
+``soak`` is the MLP of tests/runtime/programs/faults_soak.py (8-32-2, Adam, batch 16, 2 replicas per
 process, graph mode); ``mlp`` the 784-1024-1024-10 MLP of bench/step_time.py (batch 64). For
 each: the step time with ``check_sync=False``, the time of one comparison (``verify_sync``:
 a fingerprint per variable and one ``allgather`` of the fingerprints), and what that is per step at

@@ -23,20 +23,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
+# Every compile in the suite validates the graph after each pass (``replicate/compiler.py``);
+# os.environ, so the multi-process programs and every other child process inherit it.
+os.environ["REPLICATE_VALIDATE"] = "1"
+
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 HERE = os.path.join(ROOT, "tests")
-PROGRAMS = os.path.join(HERE, "programs")
+PROGRAMS = os.path.join(HERE, "runtime", "programs")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 TIMEOUT = 60
 # The programs are run under mpiexec, top to bottom as a user's script is: the doctest collection
 # must not import them (startup_mpi.py's first lines run before any import; gpu_transport_mpi.py
 # and stall_nccl_mpi.py set REPLICATE_STANDIN_DEVICES / REPLICATE_TRANSPORT in os.environ at
 # import, which every later child process of the worker then inherited). They hold no tests.
-collect_ignore_glob = ["programs/*.py"]
+collect_ignore_glob = ["runtime/programs/*.py"]
 
 # Without a GPU the cupy backend's tests run against a CuPy stand-in (tests/cupy_standin.py:
 # device arrays backed by NumPy, kernels checked against CuPy's own parameter parsing); where
@@ -48,9 +52,25 @@ if HERE not in sys.path:
 from replicate.launch import gpu_environment  # noqa: E402
 
 gpu_environment(os.environ)
-from cupy_standin import install as _install_cupy_standin  # noqa: E402
+import cupy_standin  # noqa: E402
 
-CUPY_STANDIN = _install_cupy_standin()
+CUPY_STANDIN = cupy_standin.install()
+
+
+def column(backend: str) -> str:
+    """A backend's name in test ids: ``cupy-standin`` where the cupy backend runs on the CuPy
+    stand-in. Its kernels evaluate each fused group with the NumPy reference rows, so such a test
+    checks the backend's host logic (dtypes, shapes, buffers, launches) and compares the
+    reference with itself: the generated CUDA expressions are checked by ``test_cuda_host.py``
+    (compiled with g++) and ``test_cupy_kernels.py`` (NVRTC), their numbers on a GPU only."""
+    return "cupy-standin" if backend == "cupy" and cupy_standin.ACTIVE else backend
+
+
+def pytest_report_header(config):
+    if cupy_standin.ACTIVE:
+        return ["cupy: the CuPy stand-in (no GPU): fused groups run the NumPy reference rows, "
+                "so the cupy-standin parity tests compare the reference with itself"]
+    return []
 
 
 def have_mpi() -> bool:
@@ -67,10 +87,11 @@ needs_mpi = [pytest.mark.mpi,
 
 
 def child_env(blas_threads: int | None = 1, **extra) -> dict:
-    """The environment of a child process: the checkout importable, ``blas_threads`` BLAS threads
+    """The environment of a child process: the checkout and ``tests/`` importable (a test module
+    run as a program imports ``harness`` and this ``conftest``), ``blas_threads`` BLAS threads
     (None: leave it to the launcher), unbuffered output, no debug printing; plus ``extra``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               PYTHONUNBUFFERED="1")
+    path = [HERE, ROOT, os.environ.get("PYTHONPATH", "")]  # HERE first: ROOT has a conftest too
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1")
     if blas_threads is not None:
         env.update(OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads))
     env.pop("REPLICATE_DEBUG", None)

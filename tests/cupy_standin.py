@@ -581,8 +581,8 @@ def install() -> bool:
     ``REPLICATE_CUPY_STANDIN=gpu-view`` puts it in place and has the tests see a GPU machine:
     ``ACTIVE`` stays False, so every test takes the path it takes on a GPU (it reads what the
     backend records, and skips what only the stand-in can check, saying "a GPU is here"). CI
-    runs the cupy tests so (``tests/test_gpu_check.py``): a test that passes only against the
-    stand-in's internals fails there, before it fails on the first GPU.
+    runs the cupy tests so (``tests/backends/test_gpu_check.py``): a test that passes only against
+    the stand-in's internals fails there, before it fails on the first GPU.
     """
     global REAL, ACTIVE, INSTALLED
     if INSTALLED:

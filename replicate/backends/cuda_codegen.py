@@ -17,8 +17,8 @@ error flag (a last ``raw int32`` input) that a negative exponent sets: NumPy rai
 ``standalone_source`` wraps a kernel into a complete ``.cu`` translation unit so the code can be
 compiled with ``nvcc`` where a CUDA toolkit exists, without a GPU.
 
-What CuPy expects of the pieces (each checked in ``tests/test_cuda_codegen.py`` by building the
-kernels through CuPy's own machinery and compiling them with NVRTC, no GPU needed):
+What CuPy expects of the pieces (each checked in ``tests/backends/test_cuda_codegen.py`` by building
+the kernels through CuPy's own machinery and compiling them with NVRTC, no GPU needed):
 
 * parameter lists name NumPy dtypes (``float32 in0``: CuPy parses the type as a dtype name,
   ``float`` would be float64); the bodies use C types (``const float v0 = ...``);

@@ -12,7 +12,7 @@ While a ``with LAUNCHES.recording():`` block is open, each launch is recorded:
   CuPy's rule (``cub_path``).
 
 The tests read this record, not the CuPy stand-in's, so a test means the same on a GPU as on the
-stand-in (``tests/test_cupy_kernels.py``; ``tests/cupy_nvrtc.py`` compiles each recorded
+stand-in (``tests/backends/test_cupy_kernels.py``; ``tests/cupy_nvrtc.py`` compiles each recorded
 signature with NVRTC on a machine without a GPU). Outside a ``recording()`` block a launch
 costs one attribute test.
 

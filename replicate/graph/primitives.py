@@ -21,7 +21,7 @@ copies it), ``repeats`` (the same, each element possibly repeated: a broadcast),
 (``across``): ``"same"`` (one value for all), ``"own"`` (each its own part) or ``"moved"``
 (another replica's value).
 
-``tests/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
+``tests/graph/test_rule_tables.py`` fails when a primitive lacks an entry it needs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ libm): on ``|x| < 0.84375`` an odd rational function of x; on ``[0.84375, 1.25)`
 a rational function of ``|x| - 1``; on ``[1.25, 6)`` ``1 - exp(-x*x - 0.5625 + R/S) / |x|`` with
 R/S rational in ``1/x**2`` (two fits, split at ``1/0.35``), ``exp(-x*x)`` computed in two parts
 to keep its rounding small; ``±1`` beyond. Its error is under one unit in the last place, and
-``tests/test_ops.py`` checks it against ``math.erf``.
+``tests/api/test_ops.py`` checks it against ``math.erf``.
 
     Copyright (C) 1993 by Sun Microsystems, Inc. All rights reserved.
     Developed at SunSoft, a Sun Microsystems, Inc. business.

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import tree
 from ..dtypes import is_supported
-from ..errors import ReplicateError, user_frame
+from ..errors import DTypeError, ReplicateError, user_frame
 from ..interop import from_foreign, is_foreign
 from .aval import AVal
 from .core import Array, Node, set_trace
@@ -180,8 +180,8 @@ def _leaf_key(x):
         value = from_foreign(x) if is_foreign(x) else np.asarray(
             x.numpy() if hasattr(x, "numpy") else x)
     if not is_supported(value.dtype):  # complex, objects, strings, records, dates
-        raise ReplicateError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
-                             "traced function: the dtypes are bool, integers and floats")
+        raise DTypeError(f"cannot pass {type(x).__name__} of dtype {value.dtype} into a "
+                         "traced function: the dtypes are bool, integers and floats")
     return (tuple(value.shape), value.dtype.str)
 
 

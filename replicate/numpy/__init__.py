@@ -6,7 +6,7 @@
 [[5.0, 11.0], [11.0, 25.0]]
 
 Dtypes are NumPy's (NumPy 2 promotion, Python scalars weak), result for result; the differences
-are deliberate and few (``tests/test_numpy_dtypes.py`` checks every elementwise function on
+are deliberate and few (``tests/api/test_numpy_dtypes.py`` checks every elementwise function on
 every dtype against NumPy, and lists these):
 
 * the default float is float32: ``zeros``, ``ones`` and ``eye`` without a dtype, and ``full``

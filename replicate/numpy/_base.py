@@ -27,6 +27,9 @@ def as_array(x, dtype=None) -> Array:
     if read is not None:
         return as_array(read(), dtype)
     if isinstance(x, (np.ndarray, np.generic, numbers.Number, list, tuple)):
+        if isinstance(x, (np.ndarray, np.generic)) and not is_supported(x.dtype):
+            raise DTypeError(f"cannot make an array from {type(x).__name__} of dtype {x.dtype}: "
+                             "the dtypes are bool, integers and floats")  # not cast to ``dtype``
         try:
             value = np.asarray(x, dtype=None if dtype is None else as_dtype(dtype))
         except (TypeError, ValueError, OverflowError) as e:

@@ -1,0 +1,1165 @@
+"""The op harness: every public op of ``replicate.numpy`` described as ``Case``s (in the spirit
+of ``chainer.testing``): the op on replicate arrays, a plain-NumPy reference, and the inputs
+(shape, dtype, value domain); with the helpers that run a case and compare it with its reference.
+
+``tests/api/test_ops.py`` checks every case (forward in every mode, gradients, gradients of
+gradients); ``test_ops_low_precision.py`` runs them in bfloat16 and float16, and
+``test_backend_parity.py`` on every backend against the NumPy one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import replicate as rp
+import replicate.numpy as rnp
+
+F32, F64, I32, I64, BOOL = "float32", "float64", "int32", "int64", "bool"
+DTYPES = (F32, F64, I32, I64, BOOL)
+
+
+# -- case description -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class In:
+    """One input: shape, dtype, and the domain its values are drawn from."""
+
+    shape: tuple
+    dtype: str = F64
+    # real | positive | away0 | unit | above1 | int | posint | special | index<N> | class<N> |
+    # edges
+    domain: str = "real"
+
+    def sample(self, rng) -> np.ndarray:
+        shape, kind = self.shape, np.dtype(self.dtype).kind
+        if kind == "b":
+            return rng.random(shape) < 0.5
+        if self.domain.startswith("index"):  # valid indices for an axis of this size, negatives too
+            n = int(self.domain[5:])
+            return rng.integers(-n, n, shape).astype(self.dtype)
+        if self.domain.startswith("class"):  # class labels 0 .. n-1
+            return rng.integers(0, int(self.domain[5:]), shape).astype(self.dtype)
+        if kind in "iu" and self.domain == "edges":  # 0, +-1, the extremes, in a fixed order
+            info = np.iinfo(self.dtype)
+            vals = [0, -1, 1, 7, -7, info.min, info.max] if kind == "i" else \
+                [0, 1, 2, 7, info.max - 1, info.max, 3]
+            return np.resize(np.array(vals, self.dtype), shape)
+        if kind in "iu":
+            lo, hi = {"positive": (1, 4), "posint": (1, 4), "away0": (1, 4),
+                      "above1": (2, 5)}.get(self.domain, (-3, 4))
+            v = rng.integers(lo, hi, shape)
+            if self.domain == "away0":
+                v = v * rng.choice([-1, 1], shape)
+            return np.asarray(v, self.dtype)
+        if self.domain == "positive":
+            v = rng.uniform(0.5, 2.0, shape)
+        elif self.domain == "away0":
+            v = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+        elif self.domain == "unit":
+            v = rng.uniform(-0.9, 0.9, shape)
+        elif self.domain == "above1":  # arccosh's domain, away from its pole at 1
+            v = rng.uniform(1.2, 3.0, shape)
+        elif self.domain == "int":  # small integral values (ties for comparisons)
+            v = rng.integers(-2, 3, shape).astype(float)
+        elif self.domain == "special":
+            v = rng.choice([0.0, 1.5, -2.0, np.inf, -np.inf, np.nan], shape)
+        else:
+            v = rng.standard_normal(shape)
+        return np.asarray(v, self.dtype)
+
+
+@dataclass
+class Case:
+    op: str  # the public name(s) this case covers, "+"-separated
+    fn: Callable  # on replicate arrays
+    ref: Callable  # on NumPy arrays
+    inputs: tuple
+    label: str = ""
+    grad: bool = True
+    rtol: float | None = None
+    fd_eps: float = 1e-6
+    grad_rtol: float = 1e-5
+    grad_atol: float = 1e-6
+
+    @property
+    def id(self) -> str:
+        shapes = ",".join(f"{np.dtype(i.dtype).name}{list(i.shape)}" for i in self.inputs)
+        return f"{self.op}[{self.label}]({shapes})" if self.label else f"{self.op}({shapes})"
+
+    def sample(self) -> list:
+        rng = np.random.default_rng(zlib.crc32(self.id.encode()))
+        return [i.sample(rng) for i in self.inputs]
+
+    @property
+    def float64_only(self) -> bool:
+        floats = [i.dtype for i in self.inputs if np.dtype(i.dtype).kind == "f"]
+        return bool(floats) and all(d == F64 for d in floats)
+
+
+CASES: list[Case] = []
+_IDS: set = set()
+
+
+def case(op, fn, ref, *inputs, **kw) -> Case:
+    c = Case(op, fn, ref, tuple(i if isinstance(i, In) else In(i) for i in inputs), **kw)
+    base, k = c.label, 1
+    while c.id in _IDS:  # same op and inputs, different arguments: number the variants
+        k += 1
+        c.label = f"{base}#{k}" if base else f"#{k}"
+    _IDS.add(c.id)
+    CASES.append(c)
+    return c
+
+
+# -- running a case -----------------------------------------------------------------------------
+def leaves(out) -> list:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def to_numpy(x) -> np.ndarray:
+    return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+
+
+def run_forward(fn, args, mode):
+    if mode == "direct":
+        return [to_numpy(o) for o in leaves(fn(*[rnp.asarray(a) for a in args]))]
+    return [to_numpy(o) for o in leaves(rp.function(fn, mode=mode)(*args))]
+
+
+def tolerance(dtype, rtol=None):
+    if np.dtype(dtype).kind != "f":
+        return 0.0, 0.0
+    if np.dtype(dtype) == np.float32:
+        return rtol or 1e-5, 1e-6
+    return rtol or 1e-10, 1e-12
+
+
+def assert_same(actual, expected, rtol=None, what=""):
+    assert len(actual) == len(expected), what
+    for a, e in zip(actual, expected):
+        e = np.asarray(e)
+        assert a.shape == e.shape, f"{what}: shape {a.shape} != NumPy's {e.shape}"
+        assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != NumPy's {e.dtype}"
+        r, t = tolerance(e.dtype, rtol)
+        np.testing.assert_allclose(a, e, rtol=r, atol=t, err_msg=what)
+
+
+def float_inputs(xs) -> list[int]:
+    return [i for i, x in enumerate(xs) if x.dtype.kind == "f"]
+
+
+def reference_loss(ref, xs, cots) -> float:
+    return builtins.sum(float(np.sum(np.asarray(o, np.float64) * c))
+                        for o, c in zip(leaves(ref(*xs)), cots))
+
+
+def finite_differences(loss, xs, wrt, eps) -> list[np.ndarray]:
+    """Central differences of the scalar ``loss(xs)`` w.r.t. each ``xs[i]`` for i in ``wrt``."""
+    grads = []
+    for i in wrt:
+        g = np.zeros(xs[i].shape)
+        for k in np.ndindex(xs[i].shape):
+            plus = [x.copy() for x in xs]
+            minus = [x.copy() for x in xs]
+            plus[i][k] += eps
+            minus[i][k] -= eps
+            g[k] = (loss(plus) - loss(minus)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def cotangents(c: Case, xs) -> list[np.ndarray]:
+    rng = np.random.default_rng(zlib.crc32(("cot" + c.id).encode()))
+    return [rng.standard_normal(np.shape(o)) for o in leaves(c.ref(*xs))]
+
+
+def loss_of(c: Case, cots):
+    def loss(*args):
+        return builtins.sum(rnp.sum(o * ct) for o, ct in zip(leaves(c.fn(*args)), cots))
+
+    return loss
+
+
+def library_grad(c: Case, xs, cots, mode) -> list[np.ndarray]:
+    wrt = float_inputs(xs)
+    loss = loss_of(c, cots)
+
+    def f(*args):
+        return rp.grad(loss(*args), [args[i] for i in wrt])
+
+    return [to_numpy(g) for g in rp.function(f, mode=mode)(*xs)]
+
+
+# ================================================================================================
+# The cases.
+# ================================================================================================
+def sigmoid_ref(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+UNARY = {  # name: (rnp op, NumPy reference, domain)
+    "exp": (rnp.exp, np.exp, "real"),
+    "log": (rnp.log, np.log, "positive"),
+    "log1p": (rnp.log1p, np.log1p, "positive"),
+    "expm1": (rnp.expm1, np.expm1, "real"),
+    "sqrt": (rnp.sqrt, np.sqrt, "positive"),
+    "rsqrt": (rnp.rsqrt, lambda x: 1.0 / np.sqrt(x), "positive"),
+    "tanh": (rnp.tanh, np.tanh, "real"),
+    "sigmoid": (rnp.sigmoid, sigmoid_ref, "real"),
+    "softplus": (rnp.softplus, lambda x: np.logaddexp(0.0, x), "real"),
+    "sin": (rnp.sin, np.sin, "real"),
+    "cos": (rnp.cos, np.cos, "real"),
+    "reciprocal": (rnp.reciprocal, np.reciprocal, "away0"),
+    # these keep integer dtypes
+    "abs": (rnp.abs, np.abs, "away0"),
+    "sign": (rnp.sign, np.sign, "away0"),
+    "negative": (rnp.negative, np.negative, "real"),
+    "square": (rnp.square, np.square, "real"),
+}
+KEEPS_INT = {"abs", "sign", "negative", "square"}
+UNARY_SHAPES = [(), (1,), (4,), (2, 3), (2, 1, 3)]
+
+for name, (op, ref, domain) in UNARY.items():
+    for shape in UNARY_SHAPES:
+        case(name, op, ref, In(shape, F64, domain))
+    for dtype in (F32, I32, I64):
+        case(name, op, ref, In((2, 3), dtype, domain))
+case("abs+sign", lambda x: rnp.abs(x) + rnp.sign(x), lambda x: np.abs(x) + np.sign(x),
+     In((5,), F64, "int"), grad=False, label="zeros")
+case("isfinite", rnp.isfinite, np.isfinite, In((3, 4), F64, "special"))
+case("isfinite", rnp.isfinite, np.isfinite, In((6,), F32, "special"))
+case("isfinite", rnp.isfinite, np.isfinite, In((), F64, "special"))
+case("sigmoid+softplus", lambda x: rnp.sigmoid(x * 40.0) + rnp.softplus(x * 40.0),
+     lambda x: sigmoid_ref(x * 40.0) + np.logaddexp(0.0, x * 40.0), In((6,), F64), label="large",
+     grad_rtol=1e-4)
+
+# -- binary elementwise, broadcasting ----------------------------------------------------------
+BINARY = {
+    "add": (rnp.add, np.add, "real", "real"),
+    "subtract": (rnp.subtract, np.subtract, "real", "real"),
+    "multiply": (rnp.multiply, np.multiply, "real", "real"),
+    "divide": (rnp.divide, np.divide, "real", "away0"),
+    "true_divide": (rnp.true_divide, np.true_divide, "real", "away0"),
+    "power": (rnp.power, np.power, "positive", "real"),
+    "maximum": (rnp.maximum, np.maximum, "real", "real"),
+    "minimum": (rnp.minimum, np.minimum, "real", "real"),
+}
+BINARY_SHAPES = [((), ()), ((3,), ()), ((), (3,)), ((2, 3), (3,)), ((2, 1), (1, 3)),
+                 ((2, 3), (2, 3)), ((1,), (2, 3)), ((4, 1, 3), (2, 1)), ((2, 3), (1, 1))]
+for name, (op, ref, da, db) in BINARY.items():
+    for sa, sb in BINARY_SHAPES:
+        case(name, op, ref, In(sa, F64, da), In(sb, F64, db))
+for label, op, ref in [("+", lambda a, b: a + b, np.add), ("-", lambda a, b: a - b, np.subtract),
+                       ("*", lambda a, b: a * b, np.multiply), ("/", lambda a, b: a / b, np.divide),
+                       ("**", lambda a, b: a ** b, np.power)]:
+    da, db = ("positive", "real") if label == "**" else ("real", "away0")
+    case({"+": "add", "-": "subtract", "*": "multiply", "/": "divide", "**": "power"}[label],
+         op, ref, In((2, 3), F64, da), In((3,), F64, db), label=f"operator{label}")
+case("power", rnp.power, np.power, In((2, 3), I32, "posint"), In((3,), I32, "posint"),
+     label="int")
+case("power", lambda x: x ** 3, lambda x: x ** 3, In((2, 3), F64), label="cube")
+case("power", lambda x: x ** 2, lambda x: x ** 2, In((4,), I64), label="int-square")
+case("power", lambda x: 2.0 ** x, lambda x: 2.0 ** x, In((2, 3), F64), label="rpow")
+case("floor_divide", rnp.floor_divide, np.floor_divide, In((2, 3), I64, "int"),
+     In((3,), I64, "away0"))
+case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), I32, "int"),
+     In((2, 3), I32, "away0"), label="operator")
+
+# integer edges, every pair of (0, +-1, 7, -7, MIN, MAX) (a (7, 1) by a (1, 7) grid): NumPy
+# gives 0 for x // 0 and x % 0 (with a warning) and wraps MIN // -1, -MIN and abs(MIN); XLA's
+# x // 0 is -1 (all ones unsigned), C leaves all of them undefined (README, "Integer edge cases")
+I8, U8, U32 = "int8", "uint8", "uint32"
+for dt in (I8, I32, I64, U8, U32):
+    grid = (In((7, 1), dt, "edges"), In((1, 7), dt, "edges"))
+    case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, *grid, label="edges",
+         grad=False)
+    case("mod", lambda a, b: a % b, lambda a, b: a % b, *grid, label="edges", grad=False)
+case("floor_divide", rnp.floor_divide, np.floor_divide, In((7, 1), I32, "edges"),
+     In((1, 7), I32, "edges"), label="edges", grad=False)
+case("remainder", rnp.remainder, np.remainder, In((7, 1), I64, "edges"),
+     In((1, 7), I64, "edges"), label="edges", grad=False)
+for dt in (I8, I32, I64):
+    case("abs", rnp.abs, np.abs, In((7,), dt, "edges"), label="edges", grad=False)
+    case("negative", lambda a: -a, lambda a: -a, In((7,), dt, "edges"), label="edges",
+         grad=False)
+
+COMPARISONS = {"equal": (rnp.equal, np.equal, "=="),
+               "not_equal": (rnp.not_equal, np.not_equal, "!="),
+               "less": (rnp.less, np.less, "<"),
+               "less_equal": (rnp.less_equal, np.less_equal, "<="),
+               "greater": (rnp.greater, np.greater, ">"),
+               "greater_equal": (rnp.greater_equal, np.greater_equal, ">=")}
+for name, (op, ref, sym) in COMPARISONS.items():
+    for sa, sb in [((), ()), ((2, 3), (3,)), ((4, 1), (1, 3)), ((3,), ())]:
+        case(name, op, ref, In(sa, F64, "int"), In(sb, F64, "int"))
+    operator = eval(f"lambda a, b: a {sym} b")  # noqa: S307 - a fixed operator symbol
+    case(name, operator, operator, In((2, 3), I32), In((3,), I32), label=f"operator{sym}")
+
+for name, op, ref in [("logical_and", rnp.logical_and, np.logical_and),
+                      ("logical_or", rnp.logical_or, np.logical_or)]:
+    case(name, op, ref, In((2, 3), BOOL), In((3,), BOOL))
+    case(name, op, ref, In((), BOOL), In((2,), BOOL))
+case("logical_not", rnp.logical_not, np.logical_not, In((2, 3), BOOL))
+for dtype in (F64, I32):  # numbers are truth values: the result is bool
+    case("logical_not", rnp.logical_not, np.logical_not, In((2, 3), dtype, "int"))
+    case("logical_and+logical_or", lambda a, b: (rnp.logical_and(a, b), rnp.logical_or(a, b)),
+         lambda a, b: (np.logical_and(a, b), np.logical_or(a, b)), In((2, 3), dtype, "int"),
+         In((3,), BOOL), label="numbers")
+for dtype in (I32, I64, BOOL):  # ~ is NumPy's: bitwise not of integers, logical not of bools
+    case("invert+bitwise_not", lambda x: (rnp.invert(x), rnp.bitwise_not(x), ~x),
+         lambda x: (np.invert(x), np.invert(x), ~x), In((7,), dtype, "edges"))
+case("invert", lambda x: ~rnp.cast(x, "uint8"), lambda x: ~x.astype(np.uint8),
+     In((5,), I32, "class256"), label="uint8")
+BITWISE = "bitwise_and+bitwise_or+bitwise_xor+left_shift+right_shift"
+for dtype in (I32, I64):  # every pair of edges (shifts by negative counts and past the width too)
+    case(BITWISE, lambda a, b: (rnp.bitwise_and(a, b), rnp.bitwise_or(a, b), rnp.bitwise_xor(a, b),
+                                rnp.left_shift(a, b), rnp.right_shift(a, b)),
+         lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b), In((7, 1), dtype, "edges"),
+         In((1, 7), dtype, "edges"), label="edges", grad=False)
+    case(BITWISE, lambda a, b: (a & b, a | b, a ^ b, a << (b % 70 - 3), a >> (b % 70 - 3)),
+         lambda a, b: (a & b, a | b, a ^ b, a << (b % 70 - 3), a >> (b % 70 - 3)),
+         In((4, 3), dtype, "int"), In((3,), dtype, "class200"), label="operators", grad=False)
+case("bitwise_left_shift+bitwise_right_shift", lambda a: (rnp.bitwise_left_shift(a, 3),
+                                                          rnp.bitwise_right_shift(a, 3), 1 << a),
+     lambda a: (a << 3, a >> 3, 1 << a), In((5,), I32, "class40"), grad=False)
+case(BITWISE, lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b),
+     lambda a, b: (a & b, a | b, a ^ b, a << b, a >> b), In((4,), BOOL), In((4,), BOOL),
+     label="bools", grad=False)
+case("logical_and+logical_or+logical_not", lambda a, b: (a & b) | ~a,
+     lambda a, b: (a & b) | ~a, In((4,), BOOL), In((4,), BOOL), label="operators")
+
+# -- dtype promotion (NumPy 2 rules; Python scalars are weak) -----------------------------------
+PROMOTING = {"add": (rnp.add, np.add), "multiply": (rnp.multiply, np.multiply),
+             "subtract": (rnp.subtract, np.subtract), "divide": (rnp.divide, np.divide),
+             "maximum": (rnp.maximum, np.maximum), "minimum": (rnp.minimum, np.minimum),
+             "less": (rnp.less, np.less), "equal": (rnp.equal, np.equal)}
+for name, (op, ref) in PROMOTING.items():
+    for da, db in itertools.product(DTYPES, DTYPES):
+        if name == "subtract" and da == db == BOOL:
+            continue  # NumPy refuses bool - bool
+        case(name, op, ref, In((2, 3), da, "posint"), In((3,), db, "posint"), grad=False,
+             label="promote")
+
+SCALAR_EXPRS = ["x + 1", "x + 1.5", "2 * x", "x * 2.5", "x / 2", "1 / x", "x - 3", "3.0 - x",
+                "x ** 2", "x > 1", "x == 2", "x >= 1.5", "x + True", "rnp_max(x, 2)",
+                "rnp_min(x, 0.5)", "rnp.where(x > 1, x, 0)", "rnp.where(x > 1, x, 0.5)"]
+for expr in SCALAR_EXPRS:
+    for dtype in DTYPES:
+        if dtype == BOOL and any(s in expr for s in ("- x", "x -", "**")):
+            continue  # NumPy refuses bool subtraction; bool ** int is int8 in NumPy
+        fn = eval(f"lambda x: {expr}", {"rnp": rnp, "rnp_max": rnp.maximum,  # noqa: S307
+                                        "rnp_min": rnp.minimum})
+        ref = eval(f"lambda x: {expr}", {"rnp": np, "rnp_max": np.maximum,  # noqa: S307
+                                         "rnp_min": np.minimum})
+        for shape in [(2, 3), ()]:
+            case("add+multiply+divide+subtract+power+where", fn, ref, In(shape, dtype, "posint"),
+                 grad=dtype == F64, label=f"weak {expr}")
+case("multiply", lambda x: x * np.float64(2.0), lambda x: x * np.float64(2.0),
+     In((3,), F32), grad=False, label="numpy-scalar-is-strong")
+case("add", lambda x: np.ones((2, 3)) + x, lambda x: np.ones((2, 3)) + x, In((3,), F32),
+     label="ndarray-on-the-left")
+
+# -- where and clip ----------------------------------------------------------------------------
+for sc, sa, sb in [((2, 3), (2, 3), (2, 3)), ((3,), (2, 1), ()), ((), (2, 3), (3,)),
+                   ((2, 1), (1, 3), (2, 3))]:
+    case("where", rnp.where, np.where, In(sc, BOOL), In(sa, F64), In(sb, F64))
+case("where", rnp.where, np.where, In((2, 3), I64, "int"), In((2, 3), F64), In((3,), F32),
+     label="int-cond")
+case("where", lambda c, a: rnp.where(c, a, 0.0), lambda c, a: np.where(c, a, 0.0),
+     In((2, 3), BOOL), In((2, 3), F32), label="weak-scalar")
+case("where", rnp.where, np.where, In((2, 3), BOOL), In((2, 3), I32), In((3,), F32),
+     label="promote")
+case("clip", lambda x: rnp.clip(x, -0.5, 0.5), lambda x: np.clip(x, -0.5, 0.5), In((3, 4)))
+case("clip", lambda x: rnp.clip(x, None, 0.3), lambda x: np.clip(x, None, 0.3), In((5,)))
+case("clip", lambda x: rnp.clip(x, -0.2, None), lambda x: np.clip(x, -0.2, None), In(()))
+case("clip", lambda x, lo, hi: rnp.clip(x, -rnp.abs(lo), rnp.abs(hi)),
+     lambda x, lo, hi: np.clip(x, -np.abs(lo), np.abs(hi)), In((2, 3)), In((3,), F64, "unit"),
+     In((2, 1), F64, "unit"), label="array-bounds")
+case("clip", lambda x: rnp.clip(x, 0, 2), lambda x: np.clip(x, 0, 2), In((2, 3), I32),
+     label="int")
+
+# -- reductions --------------------------------------------------------------------------------
+REDUCTIONS = {
+    "sum": (rnp.sum, np.sum, "real"),
+    "mean": (rnp.mean, np.mean, "real"),
+    "max": (rnp.max, np.max, "real"),
+    "min": (rnp.min, np.min, "real"),
+    "prod": (rnp.prod, np.prod, "away0"),
+    "var": (rnp.var, np.var, "real"),
+    "std": (rnp.std, np.std, "real"),
+}
+
+
+def logsumexp_ref(x, axis=None, keepdims=False):
+    m = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+REDUCTIONS["logsumexp"] = (rnp.logsumexp, logsumexp_ref, "real")
+REDUCTION_AXES = {(): [None], (4,): [None, 0, -1], (2, 3): [None, 0, 1, (0, 1)],
+                  (2, 3, 4): [None, 1, -1, (0, 2)], (3, 1, 2): [None, 1, (0, 1)]}
+
+
+def axis_op(op, **kw):
+    return lambda x: op(x, **kw)
+
+
+for name, (op, ref, domain) in REDUCTIONS.items():
+    for shape, axes in REDUCTION_AXES.items():
+        for axis in axes:
+            for keepdims in (False, True):
+                # over size-1 axes the variance is 0: std's gradient there is 0 (its choice)
+                kw = dict(axis=axis, keepdims=keepdims)
+                case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape, F64, domain),
+                     label=f"axis={axis},keepdims={keepdims}")
+    for dtype in (F32, I32, I64, BOOL):
+        if dtype == BOOL and name in ("var", "std", "logsumexp", "prod"):
+            continue
+        if name == "logsumexp" and dtype != F32:
+            continue  # NumPy has no logsumexp; the reference promotes ints differently
+        case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
+for ddof in (1, 2, 4, 5, 6):  # 5 and 6: ddof >= the count, inf (NaN for 5 values of 1.0)
+    case("var", lambda x, d=ddof: rnp.var(x, axis=0, ddof=d),
+         lambda x, d=ddof: np.var(x, axis=0, ddof=d), In((4, 3)), label=f"ddof={ddof}",
+         grad=ddof < 4)
+    case("std", lambda x, d=ddof: rnp.std(x, ddof=d), lambda x, d=ddof: np.std(x, ddof=d),
+         In((5,)), label=f"ddof={ddof}", grad=ddof < 5)
+    case("var+std", lambda x, d=ddof: (rnp.var(x, ddof=d), rnp.std(x, axis=0, ddof=d)),
+         lambda x, d=ddof: (np.var(x, ddof=d), np.std(x, axis=0, ddof=d)),
+         In((5, 2), F64, "class1"), label=f"zero spread,ddof={ddof}", grad=ddof < 5)
+case("sum", lambda x: rnp.sum(x, axis=0, dtype=np.float32),
+     lambda x: np.sum(x, axis=0, dtype=np.float32), In((3, 2), I32), label="dtype")
+case("sum+mean+max+min+prod+var+std+argmax+argmin",
+     lambda x: [x.sum(0), x.mean(axis=1), x.max(), x.min(1), x.prod(axis=0), x.var(),
+                x.std(1), x.argmax(1), x.argmin()],
+     lambda x: [x.sum(0), x.mean(axis=1), x.max(), x.min(1), x.prod(axis=0), x.var(),
+                x.std(1), x.argmax(1), x.argmin()], In((3, 4), F64, "away0"), label="methods")
+case("logsumexp", lambda x: rnp.logsumexp(x * 300.0, axis=1),
+     lambda x: logsumexp_ref(x * 300.0, axis=1), In((2, 3)), label="large")
+
+for name, op, ref in [("argmax", rnp.argmax, np.argmax), ("argmin", rnp.argmin, np.argmin)]:
+    for shape, axes in REDUCTION_AXES.items():
+        for axis in axes:
+            if isinstance(axis, tuple):
+                continue
+            for keepdims in (False, True):
+                kw = dict(axis=axis, keepdims=keepdims)
+                case(name, axis_op(op, **kw), axis_op(ref, **kw), In(shape),
+                     label=f"axis={axis},keepdims={keepdims}")
+    case(name, axis_op(op, axis=0), axis_op(ref, axis=0), In((4, 3), I32))
+    case(name, axis_op(op, axis=-1), axis_op(ref, axis=-1), In((4, 3), F64, "int"), label="ties")
+
+# -- contractions ------------------------------------------------------------------------------
+MATMUL_SHAPES = [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 4)), ((2, 3), (3, 4)),
+                 ((5, 2, 3), (3, 4)), ((2, 3), (5, 3, 4)), ((2, 1, 2, 3), (4, 3, 2)),
+                 ((3,), (2, 3, 4)), ((2, 2, 3), (3,)), ((1, 3), (3, 1))]
+for sa, sb in MATMUL_SHAPES:
+    case("matmul", rnp.matmul, np.matmul, In(sa), In(sb))
+case("matmul", lambda a, b: a @ b, lambda a, b: a @ b, In((2, 3)), In((3, 2)), label="operator@")
+case("matmul", lambda a, b: b.T @ a.T, lambda a, b: b.T @ a.T, In((2, 3)), In((3, 2)),
+     label="rmatmul-T")
+case("matmul", rnp.matmul, np.matmul, In((2, 3), I32), In((3, 2), I32))
+case("matmul", rnp.matmul, np.matmul, In((2, 3), F32), In((3, 2), F64), label="promote")
+case("dot", rnp.dot, np.dot, In((2, 3)), In((3,)))
+case("dot", rnp.dot, np.dot, In((3,)), In((3,)))
+case("dot", rnp.dot, np.dot, In((2, 3)), In((3, 4)))
+for sa, sb in [((2, 3), (2, 3, 2)), ((2, 1, 3), (2, 3, 2)), ((3,), (2, 3, 2)), ((), (2, 3)),
+               ((2, 2, 3), (3,))]:
+    case("dot", rnp.dot, np.dot, In(sa), In(sb), label="np.dot-not-matmul")
+EINSUM = [("ij,jk->ik", [(2, 3), (3, 4)]), ("ij->ji", [(2, 3)]), ("ij->", [(2, 3)]),
+          ("ij->j", [(2, 3)]), ("i,i->", [(4,)] * 2), ("i,j->ij", [(2,), (3,)]),
+          ("bij,bjk->bik", [(2, 2, 3), (2, 3, 2)]), ("ijk,k->ij", [(2, 3, 4), (4,)]),
+          ("ij,ij->ij", [(2, 3)] * 2), ("ij,jk", [(2, 3), (3, 2)]), ("ij,jk,kl->il",
+          [(2, 3), (3, 2), (2, 2)]), ("ij,k->ik", [(2, 3), (4,)]), ("bhqd,bhkd->bhqk",
+          [(1, 2, 3, 2), (1, 2, 4, 2)]), ("i->", [(5,)]), ("ij,j", [(2, 3), (3,)])]
+for subscripts, shapes in EINSUM:
+    case("einsum", lambda *xs, s=subscripts: rnp.einsum(s, *xs),
+         lambda *xs, s=subscripts: np.einsum(s, *xs), *[In(s) for s in shapes], label=subscripts)
+case("einsum", lambda a, b: rnp.einsum("ij,jk->ik", a, b),
+     lambda a, b: np.einsum("ij,jk->ik", a, b), In((2, 3), F32), In((3, 2), F64),
+     label="promote")
+
+# -- shapes ------------------------------------------------------------------------------------
+SHAPE_CASES = [
+    ("reshape", lambda x: rnp.reshape(x, (3, 2)), lambda x: np.reshape(x, (3, 2)), [(2, 3)]),
+    ("reshape", lambda x: rnp.reshape(x, (2, -1)), lambda x: np.reshape(x, (2, -1)), [(6,)]),
+    ("reshape", lambda x: rnp.reshape(x, (1, 1)), lambda x: np.reshape(x, (1, 1)), [()]),
+    ("reshape", lambda x: rnp.reshape(x, ()), lambda x: np.reshape(x, ()), [(1, 1)]),
+    ("reshape", lambda x: x.reshape(4, 3), lambda x: x.reshape(4, 3), [(2, 3, 2)]),
+    ("reshape", lambda x: rnp.reshape(x, 6), lambda x: np.reshape(x, 6), [(3, 2)]),
+    ("ravel", rnp.ravel, np.ravel, [(2, 3, 1)]),
+    ("ravel", lambda x: x.ravel(), lambda x: x.ravel(), [()]),
+    ("transpose", rnp.transpose, np.transpose, [(2, 3, 4)]),
+    ("transpose", lambda x: rnp.transpose(x, (1, 0, 2)), lambda x: np.transpose(x, (1, 0, 2)),
+     [(2, 3, 4)]),
+    ("transpose", lambda x: rnp.transpose(x, (-1, 0, 1)), lambda x: np.transpose(x, (-1, 0, 1)),
+     [(2, 3, 4)]),
+    ("transpose", lambda x: x.T, lambda x: x.T, [(2, 3)]),
+    ("transpose", lambda x: x.transpose(1, 0), lambda x: x.transpose(1, 0), [(2, 3)]),
+    ("transpose", rnp.transpose, np.transpose, [()]),
+    ("swapaxes", lambda x: rnp.swapaxes(x, 0, 2), lambda x: np.swapaxes(x, 0, 2), [(2, 3, 4)]),
+    ("swapaxes", lambda x: rnp.swapaxes(x, -1, 0), lambda x: np.swapaxes(x, -1, 0), [(2, 3)]),
+    ("moveaxis", lambda x: rnp.moveaxis(x, 0, -1), lambda x: np.moveaxis(x, 0, -1), [(2, 3, 4)]),
+    ("moveaxis", lambda x: rnp.moveaxis(x, 2, 0), lambda x: np.moveaxis(x, 2, 0), [(2, 3, 4)]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (2, 3)), lambda x: np.broadcast_to(x, (2, 3)),
+     [(3,)]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (2, 2)), lambda x: np.broadcast_to(x, (2, 2)),
+     [()]),
+    ("broadcast_to", lambda x: rnp.broadcast_to(x, (4, 2, 3)),
+     lambda x: np.broadcast_to(x, (4, 2, 3)), [(2, 1)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, 0), lambda x: np.expand_dims(x, 0), [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, -1), lambda x: np.expand_dims(x, -1), [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, (0, 2)), lambda x: np.expand_dims(x, (0, 2)),
+     [(2, 3)]),
+    ("expand_dims", lambda x: rnp.expand_dims(x, 0), lambda x: np.expand_dims(x, 0), [()]),
+    ("squeeze", rnp.squeeze, np.squeeze, [(1, 3, 1)]),
+    ("squeeze", lambda x: rnp.squeeze(x, 1), lambda x: np.squeeze(x, 1), [(2, 1, 3)]),
+    ("squeeze", lambda x: rnp.squeeze(x, (0, -1)), lambda x: np.squeeze(x, (0, -1)),
+     [(1, 3, 1)]),
+    ("squeeze", lambda x: x.squeeze(), lambda x: x.squeeze(), [(1, 1)]),
+    ("squeeze", rnp.squeeze, np.squeeze, [()]),
+    ("concatenate", lambda a, b: rnp.concatenate([a, b]), lambda a, b: np.concatenate([a, b]),
+     [(2, 3), (1, 3)]),
+    ("concatenate", lambda a, b, c: rnp.concatenate((a, b, c), axis=-1),
+     lambda a, b, c: np.concatenate((a, b, c), axis=-1), [(2, 1), (2, 3), (2, 2)]),
+    ("concatenate", lambda a: rnp.concatenate([a]), lambda a: np.concatenate([a]), [(3,)]),
+    ("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), [(2, 3), (2, 3)]),
+    ("stack", lambda a, b, c: rnp.stack([a, b, c], axis=1),
+     lambda a, b, c: np.stack([a, b, c], axis=1), [(2, 3)] * 3),
+    ("stack", lambda a, b: rnp.stack([a, b], axis=-1), lambda a, b: np.stack([a, b], axis=-1),
+     [(2, 3), (2, 3)]),
+    ("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), [(), ()]),
+    ("split", lambda x: rnp.split(x, 3), lambda x: np.split(x, 3), [(6, 2)]),
+    ("split", lambda x: rnp.split(x, [1, 3], axis=1), lambda x: np.split(x, [1, 3], axis=1),
+     [(2, 5)]),
+    ("split", lambda x: rnp.split(x, 1, axis=-1), lambda x: np.split(x, 1, axis=-1), [(2, 3)]),
+    ("split", lambda x: rnp.split(x, [2, 2], axis=0), lambda x: np.split(x, [2, 2], axis=0),
+     [(4,)]),
+    ("pad", lambda x: rnp.pad(x, 1), lambda x: np.pad(x, 1), [(2, 3)]),
+    ("pad", lambda x: rnp.pad(x, ((1, 0), (0, 2))), lambda x: np.pad(x, ((1, 0), (0, 2))),
+     [(2, 3)]),
+    ("pad", lambda x: rnp.pad(x, (2, 1), constant_values=1.5),
+     lambda x: np.pad(x, (2, 1), constant_values=1.5), [(3,)]),
+    ("pad", lambda x: rnp.pad(x, ((0, 0), (0, 0), (1, 1))),
+     lambda x: np.pad(x, ((0, 0), (0, 0), (1, 1))), [(1, 2, 2)]),
+]
+for name, fn, ref, shapes in SHAPE_CASES:
+    case(name, fn, ref, *[In(s) for s in shapes])
+case("concatenate", lambda a, b: rnp.concatenate([a, b], axis=1),
+     lambda a, b: np.concatenate([a, b], axis=1), In((2, 1), F32), In((2, 2), F64),
+     label="promote")
+case("stack", lambda a, b: rnp.stack([a, b]), lambda a, b: np.stack([a, b]), In((3,), I32),
+     In((3,), F32), label="promote")
+case("pad", lambda x: rnp.pad(x, 1, constant_values=7), lambda x: np.pad(x, 1, constant_values=7),
+     In((2, 2), I32), label="int")
+case("reshape+transpose", lambda x: rnp.transpose(rnp.reshape(x, (3, 2)), (1, 0)),
+     lambda x: np.transpose(np.reshape(x, (3, 2)), (1, 0)), In((6,), BOOL), label="bool")
+
+# -- indexing ----------------------------------------------------------------------------------
+BASIC_KEYS = [1, -1, slice(1, 3), slice(None, None, 2), (slice(None), 1), None, (Ellipsis, 0),
+              (1, slice(None, None, -1)), (slice(3, 0, -2), slice(1, None)),
+              (None, slice(None), None, 2), (0, 0), np.int64(2), (slice(None), slice(0, 0))]
+for key in BASIC_KEYS:
+    case("getitem", lambda x, k=key: x[k], lambda x, k=key: x[k], In((4, 5)), label=repr(key))
+case("getitem", lambda x: x[1, :, -2], lambda x: x[1, :, -2], In((2, 3, 4)), label="3d")
+case("getitem", lambda x: rnp.getitem(x, (0, slice(1, None))), lambda x: x[0, 1:], In((3, 3)),
+     label="function")
+ADVANCED = [  # (label, key builder taking the index arrays, index shapes and axis sizes)
+    ("x[i]", lambda x, i: x[i], [((5,), 4)], (4, 3)),
+    ("x[i2d]", lambda x, i: x[i], [((2, 3), 4)], (4, 3)),
+    ("x[:,i]", lambda x, i: x[:, i], [((5,), 3)], (4, 3)),
+    ("x[i,j]", lambda x, i, j: x[i, j], [((2, 3), 4), ((3,), 3)], (4, 3)),
+    ("x[i,:,j]", lambda x, i, j: x[i, :, j], [((3,), 2), ((3,), 4)], (2, 3, 4)),
+    ("x[1,:,j]", lambda x, j: x[1, :, j], [((2,), 4)], (2, 3, 4)),
+    ("x[:,i,j]", lambda x, i, j: x[:, i, j], [((2, 1), 3), ((4,), 4)], (2, 3, 4)),
+    ("x[i]0d", lambda x, i: x[i], [((), 4)], (4, 3)),
+    ("x[...,i]", lambda x, i: x[..., i], [((3,), 4)], (2, 3, 4)),
+]
+for label, fn, index_specs, shape in ADVANCED:
+    # index arrays passed as arguments: graph inputs in graph mode
+    case("getitem", fn, fn, In(shape), *[In(s, I64, f"index{n}") for s, n in index_specs],
+         label=label)
+for label, key in [("repeated", np.array([0, 2, 2, -1])), ("list", [3, 0, 3]),
+                   ("mask", np.array([True, False, True, True]))]:
+    # index arrays closed over as constants
+    case("getitem", lambda x, k=key: x[k], lambda x, k=key: x[k], In((4, 2)), label=label)
+case("getitem", lambda x, i: x[i], lambda x, i: x[i], In((4, 2), I32), In((3,), I32, "index4"),
+     label="int32-index")
+TAKE = [(None, (3,), (2, 3)), (None, (), (2, 3)), (0, (2, 2), (3, 2)), (1, (4,), (2, 3)),
+        (-1, (2,), (2, 3, 2))]
+for axis, ishape, xshape in TAKE:
+    n = int(np.prod(xshape)) if axis is None else xshape[axis]
+    case("take", lambda x, i, a=axis: rnp.take(x, i, axis=a),
+         lambda x, i, a=axis: np.take(x, i, axis=a), In(xshape), In(ishape, I64, f"index{n}"),
+         label=f"axis={axis}")
+for axis, shape in [(0, (3, 4)), (1, (3, 4)), (-1, (2, 3, 4))]:
+    idx_shape = list(shape)
+    idx_shape[axis] = 2
+    case("take_along_axis", lambda x, i, a=axis: rnp.take_along_axis(x, i, a),
+         lambda x, i, a=axis: np.take_along_axis(x, i, a), In(shape),
+         In(tuple(idx_shape), I64, f"index{shape[axis]}"), label=f"axis={axis}")
+for dtype, n in [(I64, 4), (I32, 3)]:
+    case("one_hot", lambda i, n=n: rnp.one_hot(i, n), lambda i, n=n: np.eye(n, dtype=np.float32)[i],
+         In((2, 3), dtype, f"class{n}"), label=f"n={n}")
+case("one_hot", lambda i: rnp.one_hot(i, 5, dtype=np.float64),
+     lambda i: np.eye(5, dtype=np.float64)[i], In((4,), I64, "class5"), label="float64")
+case("one_hot", lambda i: rnp.one_hot(i, 3), lambda i: np.eye(3, dtype=np.float32)[i],
+     In((), I64, "class3"), label="0d")
+
+# -- convolution and pooling -------------------------------------------------------------------
+
+
+def pair(v):
+    return (v, v) if np.isscalar(v) else tuple(v)
+
+
+def windows_ref(x, kernel, stride, padding, dilation, pad_value):
+    """Yield (i, j, patch) for each output position: a direct loop over the output grid."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, pair(stride), pair(padding), pair(dilation)
+    x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value)
+    oh = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    for i in range(oh):
+        for j in range(ow):
+            r, c = i * sh, j * sw
+            yield i, j, oh, ow, x[:, :, r:r + dh * (kh - 1) + 1:dh, c:c + dw * (kw - 1) + 1:dw]
+
+
+def conv2d_ref(x, w, stride=1, padding=0, dilation=1):
+    out = None
+    for i, j, oh, ow, patch in windows_ref(x, w.shape[2:], stride, padding, dilation, 0.0):
+        if out is None:
+            out = np.zeros((x.shape[0], w.shape[0], oh, ow), np.result_type(x, w))
+        out[:, :, i, j] = np.tensordot(patch, w, axes=([1, 2, 3], [1, 2, 3]))
+    return out
+
+
+def pool_ref(reduce, pad_value):
+    def ref(x, kernel_size, stride=None, padding=0):
+        kernel = pair(kernel_size)
+        out = None
+        for i, j, oh, ow, patch in windows_ref(x, kernel, stride or kernel_size, padding, 1,
+                                               pad_value):
+            if out is None:
+                out = np.zeros(x.shape[:2] + (oh, ow), x.dtype)
+            out[:, :, i, j] = reduce(patch, axis=(2, 3))
+        return out
+
+    return ref
+
+
+max_pool2d_ref = pool_ref(np.max, -np.inf)
+avg_pool2d_ref = pool_ref(np.mean, 0.0)
+
+CONV = [((1, 1, 4, 4), (1, 1, 3, 3), {}), ((2, 2, 4, 4), (3, 2, 3, 3), {"padding": 1}),
+        ((1, 2, 6, 7), (2, 2, 3, 2), {"stride": 2}), ((1, 1, 7, 7), (2, 1, 3, 3), {"dilation": 2}),
+        ((2, 1, 5, 6), (1, 1, 2, 3), {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2)}),
+        ((1, 3, 3, 3), (2, 3, 1, 1), {}), ((1, 1, 5, 5), (1, 1, 3, 3),
+                                           {"stride": 3, "padding": 1})]
+for xs_, ws_, kw in CONV:
+    label = ",".join(f"{k}={v}" for k, v in kw.items()) or "plain"
+    case("conv2d", lambda x, w, kw=kw: rnp.conv2d(x, w, **kw),
+         lambda x, w, kw=kw: conv2d_ref(x, w, **kw), In(xs_), In(ws_), label=label)
+case("conv2d", lambda x, w: rnp.conv2d(x, w, padding=1), lambda x, w: conv2d_ref(x, w, padding=1),
+     In((1, 2, 4, 4), F32), In((2, 2, 3, 3), F32), label="float32")
+POOL = [((1, 1, 4, 4), 2, {}), ((2, 2, 5, 5), 3, {"stride": 1}), ((1, 1, 5, 6), (2, 3), {}),
+        ((1, 2, 5, 5), 3, {"stride": 2, "padding": 1}), ((1, 1, 4, 4), 2, {"stride": (1, 2)})]
+for xs_, k, kw in POOL:
+    label = f"k={k}," + ",".join(f"{a}={v}" for a, v in kw.items())
+    for name, op, ref in [("max_pool2d", rnp.max_pool2d, max_pool2d_ref),
+                          ("avg_pool2d", rnp.avg_pool2d, avg_pool2d_ref)]:
+        case(name, lambda x, k=k, kw=kw, op=op: op(x, k, **kw),
+             lambda x, k=k, kw=kw, ref=ref: ref(x, k, **kw), In(xs_), label=label)
+case("max_pool2d", lambda x: rnp.max_pool2d(x, 2), lambda x: max_pool2d_ref(x, 2),
+     In((1, 2, 4, 4), F32), label="float32")
+case("max_pool2d", lambda x: rnp.max_pool2d(x, 3, stride=1, padding=1),
+     lambda x: pool_ref(np.max, np.iinfo(np.int32).min)(x, 3, stride=1, padding=1),
+     In((1, 1, 4, 4), I32, "int"), label="int32-padded")
+
+# -- cast, creation ----------------------------------------------------------------------------
+for src, dst in [(F64, F32), (F64, I32), (F32, F64), (I32, F32), (I64, F64), (BOOL, F64),
+                 (F64, BOOL), (I32, I64), (F64, F64)]:
+    case("cast", lambda x, d=dst: rnp.cast(x, d), lambda x, d=dst: x.astype(d),
+         In((2, 3), src, "real"), grad=False, label=f"to {dst}")
+    case("astype", lambda x, d=dst: x.astype(d), lambda x, d=dst: x.astype(d),
+         In((3,), src, "real"), grad=False, label=f"to {dst}")
+case("astype", lambda x: rnp.astype(x, np.float32), lambda x: x.astype(np.float32), In((2,), I64),
+     grad=False)
+case("cast", lambda x: rnp.cast(rnp.cast(x, F32), F64) * 3.0,
+     lambda x: x.astype(F32).astype(F64) * 3.0, In((2, 3)), label="via float32", fd_eps=1e-3,
+     grad_rtol=1e-3, grad_atol=1e-4)
+case("cast", lambda x: rnp.cast(x * 1.0, F32), lambda x: (x * 1.0).astype(F32), In((4,)),
+     label="float32 out", fd_eps=1e-3, grad_rtol=1e-3, grad_atol=1e-4)
+CREATION = [
+    ("zeros", lambda: rnp.zeros((2, 3), np.float64), lambda: np.zeros((2, 3), np.float64)),
+    ("ones", lambda: rnp.ones((3,), np.int32), lambda: np.ones((3,), np.int32)),
+    ("full", lambda: rnp.full((2, 2), 1.5, np.float64), lambda: np.full((2, 2), 1.5, np.float64)),
+    ("arange", lambda: rnp.arange(5), lambda: np.arange(5)),
+    ("arange", lambda: rnp.arange(1, 7, 2, dtype=np.float32),
+     lambda: np.arange(1, 7, 2, dtype=np.float32)),
+    ("eye", lambda: rnp.eye(3, dtype=np.float64), lambda: np.eye(3)),
+    ("eye", lambda: rnp.eye(2, 4, k=1, dtype=np.int32), lambda: np.eye(2, 4, 1, dtype=np.int32)),
+    ("empty", lambda: rnp.empty((2, 3), np.int64), lambda: np.zeros((2, 3), np.int64)),
+    ("linspace", lambda: rnp.linspace(0, 1, 5), lambda: np.linspace(0, 1, 5)),
+    ("linspace", lambda: rnp.linspace(-1, 2, 4, endpoint=False, dtype=np.float32),
+     lambda: np.linspace(-1, 2, 4, endpoint=False, dtype=np.float32)),
+    ("asarray", lambda: rnp.asarray([[1, 2], [3, 4]]), lambda: np.asarray([[1, 2], [3, 4]])),
+    ("asarray", lambda: rnp.asarray([1.0, 2.0], np.float32),
+     lambda: np.asarray([1.0, 2.0], np.float32)),
+    ("array", lambda: rnp.array(3.5), lambda: np.array(3.5)),
+    ("as_array", lambda: rnp.as_array(np.int32(4)), lambda: np.asarray(np.int32(4))),
+]
+for name, fn, ref in CREATION:
+    case(name, fn, ref)
+for name, op, ref in [("zeros_like", rnp.zeros_like, np.zeros_like),
+                      ("ones_like", rnp.ones_like, np.ones_like)]:
+    case(name, op, ref, In((2, 3), F32), grad=False)
+    case(name, lambda x, op=op: op(x, dtype=np.int64) + x, lambda x, ref=ref: ref(x, np.int64) + x,
+         In((3,), F64), label="dtype+x")
+case("stop_gradient", rnp.stop_gradient, lambda x: x, In((2, 3), F32), grad=False)
+# the staples (issue 30; tests/api/test_numpy_staples.py has the dtype sweeps and the errors)
+case("tril", lambda x: rnp.tril(x, 1), lambda x: np.tril(x, 1), In((3, 4)))
+case("triu", lambda x: rnp.triu(x, -1), lambda x: np.triu(x, -1), In((2, 3, 3)))
+case("triu", rnp.triu, np.triu, In((3,), I64))
+case("meshgrid", lambda a, b: rnp.meshgrid(a, b), lambda a, b: np.meshgrid(a, b), In((2,)),
+     In((3,)))
+case("meshgrid", lambda a, b: rnp.meshgrid(a, b, indexing="ij", sparse=True),
+     lambda a, b: np.meshgrid(a, b, indexing="ij", sparse=True), In((2,)), In((3,), I32))
+case("full_like", lambda x: rnp.full_like(x, 2.5) + x, lambda x: np.full_like(x, 2.5) + x,
+     In((2, 3)))
+case("full_like", lambda x: rnp.full_like(x, 2.5), lambda x: np.full_like(x, 2.5), In((3,), I32))
+case("broadcast_arrays", lambda a, b: rnp.broadcast_arrays(a, b),
+     lambda a, b: np.broadcast_arrays(a, b), In((2, 1)), In((3,)))
+case("result_type", lambda x: rnp.astype(x, rnp.result_type(x, np.float32, 1.0)),
+     lambda x: x.astype(np.result_type(x, np.float32, 1.0)), In((3,), I32), grad=False)
+case("can_cast", lambda x: rnp.where(rnp.can_cast(x, np.int8), x, -x),
+     lambda x: np.where(np.can_cast(x, np.int8), x, -x), In((3,), I32), grad=False)
+case("masked_fill", lambda x, m: rnp.masked_fill(x, m, 0.5), lambda x, m: np.where(m, 0.5, x),
+     In((2, 3)), In((3,), "bool"))
+case("masked_fill", lambda x, v: rnp.masked_fill(x, np.array([True, False]), v),
+     lambda x, v: np.where([True, False], v, x), In((3, 2)), In(()), label="array value")
+case("concat", lambda a, b: rnp.concat([a, b], axis=None),
+     lambda a, b: np.concatenate([a, b], None), In((2, 3)), In((3,)))
+case("permute_dims", lambda x: rnp.permute_dims(x, (1, 2, 0)),
+     lambda x: np.transpose(x, (1, 2, 0)), In((2, 3, 4)))
+case("matrix_transpose", rnp.matrix_transpose, np.matrix_transpose, In((2, 3, 4)))
+case("vecdot", rnp.vecdot, np.vecdot, In((2, 4)), In((4,)))
+case("vecdot", lambda a, b: rnp.vecdot(a, b, axis=0), lambda a, b: np.vecdot(a, b, axis=0),
+     In((3, 2), I32), In((3, 1), I32))
+case("from_dlpack", rnp.from_dlpack, lambda x: x, In((2, 3)))  # (foreign arrays: test_interop)
+case("stop_gradient", rnp.stop_gradient, lambda x: x, In((), I32), grad=False)
+
+
+@rp.custom_vjp
+def _twice(x):
+    """x * 2 with its gradient written by hand (the custom_vjp primitive, on every backend)."""
+    return x * 2.0
+
+
+_twice.defvjp(lambda x: (_twice(x), None), lambda residuals, g: (g * 2.0,))
+case("custom_vjp", _twice, lambda x: x * 2.0, In((2, 3), F64))
+case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
+
+
+# -- everyday ops (issue 16): rounding, mod, erf, scans, sorting, rearranging ---------------------
+ROUNDING = {"floor": (rnp.floor, np.floor), "ceil": (rnp.ceil, np.ceil),
+            "round": (rnp.round, np.round), "trunc": (rnp.trunc, np.trunc)}
+for name, (op, ref) in ROUNDING.items():
+    # the gradient is zero (checked: no sample is within fd_eps of a jump)
+    case(name, op, ref, In((2, 3)))
+    case(name, op, ref, In((), F64))
+    case(name, op, ref, In((4,), F32))
+    case(name, op, ref, In((5,), F64, "special"), grad=False, label="special")
+    for dtype in (I32, I64):
+        case(name, op, ref, In((2, 3), dtype), label="int")  # whole already: returned as is
+    case(name, lambda x, op=op: op(x + 0.5), lambda x, ref=ref: ref(x + 0.5),
+         In((3, 4), F64, "int"), grad=False, label="halves")  # round: halves to even
+case("floor+ceil", lambda x: rnp.floor(x) + rnp.ceil(x), lambda x: np.floor(x) + np.ceil(x),
+     In((4,), BOOL), label="bool")
+case("trunc", rnp.trunc, np.trunc, In((4,), BOOL), label="bool")
+case("trunc", lambda x: rnp.trunc(x * 0.5), lambda x: np.trunc(x * 0.5), In((3, 4), F64, "int"),
+     grad=False, label="negative halves")  # -0.5 -> -0.0, -1.0 stays
+# halves again, at decimals 1 and -1 (exact in bfloat16 too: a rounding step before a jump
+# would move the value across it; test_round_with_decimals takes general values)
+case("round", lambda x: rnp.round(x + 0.25, 1), lambda x: np.round(x + 0.25, 1),
+     In((3, 4), F64, "int"), grad=False, label="decimals=1")
+case("round", lambda x: rnp.round(x * 10.0 + 5.0, -1), lambda x: np.round(x * 10.0 + 5.0, -1),
+     In((3, 4), F32, "int"), grad=False, label="decimals=-1")
+
+for sa, sb in [((), ()), ((2, 3), (3,)), ((2, 1), (1, 3)), ((3,), ()), ((), (2, 3))]:
+    case("mod", rnp.mod, np.mod, In(sa, F64), In(sb, F64, "away0"))
+    case("mod", rnp.mod, np.mod, In(sa, I64, "int"), In(sb, I64, "away0"))
+case("mod", rnp.mod, np.mod, In((2, 3), F32), In((3,), F32, "away0"))
+case("mod", rnp.mod, np.mod, In((3, 4), I32), In((3, 4), I32), label="zero divisors")
+case("mod", rnp.mod, np.mod, In((6,), F64, "special"), In((6,), F64, "special"),
+     grad=False, label="special")
+case("mod", lambda a: rnp.mod(a * 4.0, 1.0), lambda a: np.mod(a * 4.0, 1.0), In((2, 3)),
+     label="fractional part")
+case("remainder", rnp.remainder, np.remainder, In((2, 3)), In((3,), F64, "away0"))
+case("mod", lambda a, b: a % b, lambda a, b: a % b, In((2, 3)), In((3,), F64, "away0"),
+     label="operator%")
+case("mod", lambda a, b: a % b, lambda a, b: a % b, In((2, 3), I32, "int"),
+     In((2, 3), I32, "away0"), label="operator%")
+case("mod", lambda a: a % -1.5, lambda a: a % -1.5, In((2, 3)), label="operator% scalar")
+case("mod", lambda a: 7.0 % a, lambda a: 7.0 % a, In((2, 3), F64, "away0"), label="rmod")
+case("mod", lambda a: np.full((2, 3), 5.5) % a, lambda a: np.full((2, 3), 5.5) % a,
+     In((3,), F64, "away0"), label="ndarray-on-the-left")
+case("mod", lambda a: a % 3, lambda a: a % 3, In((4,), BOOL), label="bool % int")
+
+
+def erf_ref(x):
+    out = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return np.asarray(out, x.dtype if x.dtype.kind == "f" else np.float64)
+
+
+for shape in [(), (4,), (2, 3)]:
+    case("erf", rnp.erf, erf_ref, In(shape, F64))
+case("erf", rnp.erf, erf_ref, In((2, 3), F32))
+case("erf", rnp.erf, erf_ref, In((2, 3), I32), label="int")
+case("erf", lambda x: rnp.erf(x * 4.0), lambda x: erf_ref(x * 4.0), In((4, 5)),
+     label="every branch")
+case("erf", rnp.erf, erf_ref, In((6,), F64, "special"), grad=False, label="special")
+
+# -- NumPy's remaining float functions (issue 30): trigonometric, hyperbolic, log2/log10 --------
+MORE_UNARY = {  # name: (rnp op, NumPy reference, domain)
+    "tan": (rnp.tan, np.tan, "unit"),
+    "sinh": (rnp.sinh, np.sinh, "real"),
+    "cosh": (rnp.cosh, np.cosh, "real"),
+    "arcsin": (rnp.arcsin, np.arcsin, "unit"),
+    "arccos": (rnp.arccos, np.arccos, "unit"),
+    "arctan": (rnp.arctan, np.arctan, "real"),
+    "arcsinh": (rnp.arcsinh, np.arcsinh, "real"),
+    "arccosh": (rnp.arccosh, np.arccosh, "above1"),
+    "arctanh": (rnp.arctanh, np.arctanh, "unit"),
+    "log2": (rnp.log2, np.log2, "positive"),
+    "log10": (rnp.log10, np.log10, "positive"),
+    "positive": (rnp.positive, np.positive, "real"),  # keeps integer dtypes
+}
+for name, (op, ref, domain) in MORE_UNARY.items():
+    for shape in [(), (4,), (2, 3)]:
+        case(name, op, ref, In(shape, F64, domain))
+    for dtype in (F32, I32, I64):
+        case(name, op, ref, In((2, 3), dtype, domain))
+    # NaN, +-inf, 0, and values outside the domain (NaN, or +-inf at a pole) as NumPy's
+    case(name, op, ref, In((6,), F64, "special"), grad=False, label="special")
+    case(name, lambda x, op=op: op(x * 3.0), lambda x, ref=ref: ref(x * 3.0),
+         In((8,), F32), grad=False, label="wide")
+case("arcsin+arccos+arctanh", lambda x: rnp.arcsin(x) + rnp.arccos(x) + rnp.arctanh(x),
+     lambda x: np.arcsin(x) + np.arccos(x) + np.arctanh(x), In((6,), F64, "int"), grad=False,
+     label="ends")  # -1, 0, 1: arctanh's +-inf, NaN beyond
+case("log2+log10", lambda x: rnp.log2(2.0 ** x) + rnp.log10(10.0 ** x),
+     lambda x: np.log2(2.0 ** x) + np.log10(10.0 ** x), In((5,), F64, "int"), grad=False,
+     label="exact powers")
+case("sinh+cosh", lambda x: rnp.sinh(x * 300.0) + rnp.cosh(x * 300.0),
+     lambda x: np.sinh(x * 300.0) + np.cosh(x * 300.0), In((6,), F64, "unit"), grad=False,
+     label="large")  # beyond exp's overflow (709.8) up to sinh's (710.5): finite, or inf
+
+# binary: arctan2 (the quadrant from both signs) and logaddexp (stable for large inputs)
+for name, op, ref in [("arctan2", rnp.arctan2, np.arctan2),
+                      ("logaddexp", rnp.logaddexp, np.logaddexp)]:
+    for sa, sb in [((), ()), ((2, 3), (3,)), ((2, 1), (1, 3)), ((3,), ())]:
+        case(name, op, ref, In(sa, F64, "away0"), In(sb, F64, "away0"))
+    case(name, op, ref, In((2, 3), F32), In((3,), F32))
+    case(name, op, ref, In((2, 3), I32), In((3,), I32), label="int")
+    case(name, op, ref, In((4,), BOOL), In((4,), BOOL), label="bool")  # float16, as NumPy's
+    case(name, op, ref, In((6, 1), F64, "special"), In((1, 6), F64, "special"), grad=False,
+         label="special")  # every pair of NaN, +-inf, 0, 1.5, -2
+    case(name, lambda a, op=op: op(a, 2), lambda a, ref=ref: ref(a, 2), In((2, 3)),
+         label="scalar")
+    case(name, lambda a, op=op: op(-0.0, a), lambda a, ref=ref: ref(-0.0, a),
+         In((4,), F64, "int"), grad=False, label="signed zero")
+case("logaddexp", lambda a, b: rnp.logaddexp(a * 1000.0, b * 1000.0),
+     lambda a, b: np.logaddexp(a * 1000.0, b * 1000.0), In((2, 3)), In((3,)), label="large")
+case("logaddexp", lambda a: rnp.logaddexp(a, a), lambda a: np.logaddexp(a, a), In((4,)),
+     label="equal")
+
+SCAN_AXES = {(4,): [None, 0, -1], (2, 3): [None, 0, 1], (2, 3, 2): [1, -1]}
+for name, op, ref, domain in [("cumsum", rnp.cumsum, np.cumsum, "real"),
+                              ("cumprod", rnp.cumprod, np.cumprod, "away0")]:
+    for shape, axes in SCAN_AXES.items():
+        for axis in axes:
+            case(name, axis_op(op, axis=axis), axis_op(ref, axis=axis), In(shape, F64, domain),
+                 label=f"axis={axis}")
+    for dtype in (F32, I32, I64, BOOL):
+        case(name, axis_op(op, axis=1), axis_op(ref, axis=1), In((2, 3), dtype, domain))
+    case(name, axis_op(op, axis=0, dtype=np.float64), axis_op(ref, axis=0, dtype=np.float64),
+         In((3, 2), I32), label="dtype")
+    case(name, op, ref, In((), F64, domain), label="0d")
+case("cumprod", axis_op(rnp.cumprod, axis=1), axis_op(np.cumprod, axis=1), In((4, 5), F64, "int"),
+     label="zeros")  # multilinear: central differences are exact at the zeros too
+case("cumsum", lambda x: x - rnp.cumsum(x, 0), lambda x: x - np.cumsum(x, 0), In((3,), F64),
+     label="reuse")
+
+
+def top_k_ref(x, k):
+    """Largest first; equal values in index order; NaN largest (as jax.lax.top_k)."""
+    rows = x.reshape(-1, x.shape[-1])
+    order = [sorted(range(x.shape[-1]), key=lambda i, r=r: (not np.isnan(r[i]),
+                                                            -float(r[i]) if r[i] == r[i] else 0,
+                                                            i))[:k] for r in rows]
+    idx = np.array(order, np.int64).reshape(x.shape[:-1] + (k,))
+    return np.take_along_axis(x, idx, -1), idx
+
+
+SORT = [((5,), -1), ((3, 4), -1), ((3, 4), 0), ((2, 3, 2), 1), ((3, 4), None)]
+for shape, axis in SORT:
+    case("sort", lambda x, a=axis: rnp.sort(x, axis=a),
+         lambda x, a=axis: np.sort(x, axis=a, kind="stable"), In(shape), label=f"axis={axis}")
+    case("argsort", lambda x, a=axis: rnp.argsort(x, axis=a),
+         lambda x, a=axis: np.argsort(x, axis=a, kind="stable"), In(shape, F64, "int"),
+         label=f"ties,axis={axis}")
+for dtype, domain in [(F32, "real"), (I32, "int"), (BOOL, "real"), (F64, "special"),
+                      (F64, "int")]:
+    case("sort+argsort", lambda x: (rnp.sort(x), rnp.argsort(x, 0)),
+         lambda x: (np.sort(x, kind="stable"), np.argsort(x, 0, kind="stable")),
+         In((4, 6), dtype, domain), grad=False, label="ties")
+case("sort+argsort", lambda x: (rnp.sort(x * 0.0), rnp.argsort(x * 0.0)),
+     lambda x: (np.sort(x * 0.0, kind="stable"), np.argsort(x * 0.0, kind="stable")),
+     In((8,), F64, "int"), label="signed zeros are equal")
+case("sort", lambda x: rnp.sort(x)[..., -1] - rnp.sort(x, 0)[0], lambda x: np.sort(x)[..., -1]
+     - np.sort(x, 0)[0], In((3, 3)), label="max-min")
+for shape, k in [((6,), 3), ((3, 5), 1), ((3, 5), 5), ((2, 2, 4), 2), ((4,), 0)]:
+    case("top_k", lambda x, k=k: rnp.top_k(x, k), lambda x, k=k: top_k_ref(x, k), In(shape),
+         label=f"k={k}")
+    case("top_k", lambda x, k=k: rnp.top_k(x, k)[0], lambda x, k=k: top_k_ref(x, k)[0],
+         In(shape), label=f"values,k={k}")
+for dtype, domain in [(F32, "real"), (I32, "int"), (BOOL, "real"), (F64, "special"),
+                      (F64, "int")]:
+    case("top_k", lambda x: rnp.top_k(x, 4), lambda x: top_k_ref(x, 4), In((3, 6), dtype, domain),
+         label="ties")
+case("top_k", lambda x: rnp.top_k(x * 0.0, 5), lambda x: top_k_ref(x * 0.0, 5),
+     In((8,), F64, "int"), label="signed zeros are equal")
+
+REARRANGE = [
+    ("flip", lambda x: rnp.flip(x), lambda x: np.flip(x), [(2, 3)]),
+    ("flip", lambda x: rnp.flip(x, 1), lambda x: np.flip(x, 1), [(2, 3, 2)]),
+    ("flip", lambda x: rnp.flip(x, (0, -1)), lambda x: np.flip(x, (0, -1)), [(2, 3, 2)]),
+    ("flip", lambda x: rnp.flip(x), lambda x: np.flip(x), [()]),
+    ("roll", lambda x: rnp.roll(x, 2), lambda x: np.roll(x, 2), [(2, 3)]),
+    ("roll", lambda x: rnp.roll(x, -1, 1), lambda x: np.roll(x, -1, 1), [(2, 3)]),
+    ("roll", lambda x: rnp.roll(x, 7, 0), lambda x: np.roll(x, 7, 0), [(3, 2)]),
+    ("roll", lambda x: rnp.roll(x, (1, 2), (0, 1)), lambda x: np.roll(x, (1, 2), (0, 1)),
+     [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, (1, 1), (1, -2)), lambda x: np.roll(x, (1, 1), (1, -2)),
+     [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, 1, (0, 2)), lambda x: np.roll(x, 1, (0, 2)), [(2, 3, 2)]),
+    ("roll", lambda x: rnp.roll(x, 3, 0), lambda x: np.roll(x, 3, 0), [(3,)]),
+    ("repeat", lambda x: rnp.repeat(x, 2), lambda x: np.repeat(x, 2), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 3, 1), lambda x: np.repeat(x, 3, 1), [(2, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, 2, -1), lambda x: np.repeat(x, 2, -1), [(2, 1, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, [1, 0, 2], 0), lambda x: np.repeat(x, [1, 0, 2], 0),
+     [(3, 2)]),
+    ("repeat", lambda x: rnp.repeat(x, [2], 1), lambda x: np.repeat(x, [2], 1), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 0, 0), lambda x: np.repeat(x, 0, 0), [(2, 3)]),
+    ("repeat", lambda x: rnp.repeat(x, 3), lambda x: np.repeat(x, 3), [()]),
+    ("tile", lambda x: rnp.tile(x, 2), lambda x: np.tile(x, 2), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (2, 1)), lambda x: np.tile(x, (2, 1)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (2, 1, 3)), lambda x: np.tile(x, (2, 1, 3)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, (3, 2)), lambda x: np.tile(x, (3, 2)), [(2, 1, 2)]),
+    ("tile", lambda x: rnp.tile(x, (1, 1)), lambda x: np.tile(x, (1, 1)), [(3,)]),
+    ("tile", lambda x: rnp.tile(x, (2, 0)), lambda x: np.tile(x, (2, 0)), [(2, 3)]),
+    ("tile", lambda x: rnp.tile(x, 3), lambda x: np.tile(x, 3), [()]),
+]
+for name, fn, ref, shapes in REARRANGE:
+    case(name, fn, ref, *[In(s) for s in shapes])
+for dtype in (F32, I32, BOOL):
+    case("flip+roll+repeat+tile", lambda x: (rnp.flip(x, 0), rnp.roll(x, 1, 1),
+                                             rnp.repeat(x, 2, 0), rnp.tile(x, (1, 2))),
+         lambda x: (np.flip(x, 0), np.roll(x, 1, 1), np.repeat(x, 2, 0), np.tile(x, (1, 2))),
+         In((2, 3), dtype), label="dtypes")
+
+
+def conv_transpose2d_ref(x, w, stride=1, padding=0, output_padding=0, dilation=1):
+    """The transposed convolution by its definition: every input pixel scatters its kernel."""
+    (sh, sw), (ph, pw), (eh, ew), (dh, dw) = (pair(stride), pair(padding),
+                                              pair(output_padding), pair(dilation))
+    n, c, h, wd = x.shape
+    _, o, kh, kw = w.shape
+    full = np.zeros((n, o, (h - 1) * sh + dh * (kh - 1) + 1 + eh,
+                     (wd - 1) * sw + dw * (kw - 1) + 1 + ew), np.result_type(x, w))
+    for i, j, a, b in itertools.product(range(h), range(wd), range(kh), range(kw)):
+        full[:, :, i * sh + a * dh, j * sw + b * dw] += x[:, :, i, j] @ w[:, :, a, b]
+    return full[:, :, ph:full.shape[2] - ph, pw:full.shape[3] - pw]
+
+
+CONV_T = [((1, 1, 3, 3), (1, 1, 2, 2), {}), ((2, 2, 3, 3), (2, 3, 3, 3), {"stride": 2}),
+          ((1, 2, 3, 4), (2, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+          ((1, 1, 3, 2), (1, 2, 2, 3), {"stride": (3, 1), "padding": (1, 0)}),
+          ((1, 1, 3, 3), (1, 1, 3, 2), {"dilation": 2, "stride": 2, "output_padding": (1, 0)}),
+          ((1, 3, 2, 2), (3, 1, 1, 1), {"stride": 3, "output_padding": 2}),
+          ((1, 1, 2, 2), (1, 1, 5, 5), {"stride": 2, "padding": 2})]
+for xs_, ws_, kw in CONV_T:
+    label = ",".join(f"{k}={v}" for k, v in kw.items()) or "plain"
+    case("conv_transpose2d", lambda x, w, kw=kw: rnp.conv_transpose2d(x, w, **kw),
+         lambda x, w, kw=kw: conv_transpose2d_ref(x, w, **kw), In(xs_), In(ws_), label=label)
+case("conv_transpose2d", lambda x, w: rnp.conv_transpose2d(x, w, stride=2, padding=1),
+     lambda x, w: conv_transpose2d_ref(x, w, stride=2, padding=1), In((1, 2, 3, 3), F32),
+     In((2, 2, 3, 3), F32), label="float32")
+
+
+# the convolution primitives themselves (rnp binds them for conv2d, conv_transpose2d and
+# avg_pool2d): each gradient as an op, with asymmetric padding, and their own gradients
+def bind_conv(prim, **attrs):
+    from replicate.graph.core import bind
+
+    return lambda a, b: bind(prim, a, b, **attrs)
+
+
+def geometry(stride=1, padding=0, dilation=1):
+    pads = pair(padding)
+    pads = tuple(p if isinstance(p, tuple) else (p, p) for p in pads)
+    return dict(stride=pair(stride), padding=pads, dilation=pair(dilation))
+
+
+def conv_input_grad_ref(g, w, size, stride, padding, dilation):
+    """The transpose of the convolution by its definition: every output pixel's cotangent goes
+    back to the input pixels its window read (the padding's share dropped)."""
+    (sh, sw), ((t, b), (le, r)), (dh, dw) = stride, padding, dilation
+    n, o, oh, ow = g.shape
+    _, c, kh, kw = w.shape
+    full = np.zeros((n, c, size[0] + t + b, size[1] + le + r), np.result_type(g, w))
+    for i, j, a, q in itertools.product(range(oh), range(ow), range(kh), range(kw)):
+        full[:, :, i * sh + a * dh, j * sw + q * dw] += g[:, :, i, j] @ w[:, :, a, q]
+    return full[:, :, t:t + size[0], le:le + size[1]]
+
+
+def conv_weight_grad_ref(x, g, kernel, stride, padding, dilation):
+    """sum over the batch and the output grid of the cotangent times the window it read."""
+    (sh, sw), ((t, b), (le, r)), (dh, dw) = stride, padding, dilation
+    x = np.pad(x, ((0, 0), (0, 0), (t, b), (le, r)))
+    oh, ow = g.shape[2:]
+    out = np.zeros((g.shape[1], x.shape[1]) + tuple(kernel), np.result_type(x, g))
+    for a, q in itertools.product(range(kernel[0]), range(kernel[1])):
+        patch = x[:, :, a * dh:a * dh + sh * (oh - 1) + 1:sh, q * dw:q * dw + sw * (ow - 1) + 1:sw]
+        out[:, :, a, q] = np.einsum("noij,ncij->oc", g, patch)
+    return out
+
+
+CONV_GRADS = [  # x shape, w shape, geometry (the first small enough for a gradient of gradient)
+    ((1, 1, 4, 4), (1, 1, 2, 2), geometry(stride=(2, 1), padding=((1, 0), (0, 2)),
+                                          dilation=(1, 2))),
+    ((1, 1, 4, 4), (1, 1, 3, 3), geometry()),
+    ((2, 2, 5, 4), (3, 2, 2, 3), geometry(stride=2, padding=((1, 0), (2, 1)))),
+    ((1, 2, 7, 6), (2, 2, 3, 2), geometry(stride=(2, 3), padding=(1, 0), dilation=(2, 1))),
+    ((2, 1, 6, 6), (1, 1, 1, 1), geometry(stride=2, padding=((0, 2), (1, 0)))),
+    ((1, 3, 5, 5), (2, 3, 3, 3), geometry(stride=3, padding=2, dilation=2)),
+]
+for xs_, ws_, geo in CONV_GRADS:
+    label = f"s={geo['stride']},p={geo['padding']},d={geo['dilation']}"
+    out = (xs_[0], ws_[0]) + tuple(
+        (n + lo + hi - d * (k - 1) - 1) // s + 1 for n, k, s, (lo, hi), d in
+        zip(xs_[2:], ws_[2:], geo["stride"], geo["padding"], geo["dilation"]))
+    case("conv2d", bind_conv("conv2d", **geo),
+         lambda x, w, geo=geo: conv2d_ref(np.pad(x, ((0, 0), (0, 0)) + geo["padding"]), w,
+                                          geo["stride"], 0, geo["dilation"]),
+         In(xs_), In(ws_), label="primitive " + label)
+    case("conv2d_input_grad", bind_conv("conv2d_input_grad", size=xs_[2:], **geo),
+         lambda g, w, size=xs_[2:], geo=geo: conv_input_grad_ref(g, w, size, **geo), In(out),
+         In(ws_), label=label)
+    case("conv2d_weight_grad", bind_conv("conv2d_weight_grad", kernel=ws_[2:], **geo),
+         lambda x, g, kernel=ws_[2:], geo=geo: conv_weight_grad_ref(x, g, kernel, **geo),
+         In(xs_), In(out), label=label)
+case("conv2d_input_grad", bind_conv("conv2d_input_grad", size=(4, 5), **geometry(2, 1)),
+     lambda g, w: conv_input_grad_ref(g, w, (4, 5), **geometry(2, 1)), In((1, 2, 2, 3), F32),
+     In((2, 3, 3, 3), F32), label="float32")
+case("conv2d_weight_grad", bind_conv("conv2d_weight_grad", kernel=(3, 3), **geometry(2, 1)),
+     lambda x, g: conv_weight_grad_ref(x, g, (3, 3), **geometry(2, 1)), In((2, 3, 4, 5), F32),
+     In((2, 2, 2, 3), F32), label="float32")
+
+
+# -- attention's weights (issue 29): softmax(q k^T * scale, masked), one primitive ---------------
+def attention_ref(q, k, *mask, scale, causal, masking):
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    s = s + mask[0] if masking == "add" else s
+    keep = mask[0] if masking == "keep" else np.ones(s.shape[-2:], bool)
+    keep = keep & np.tril(np.ones(s.shape[-2:], bool)) if causal else keep
+    s = np.where(keep, s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return s / s.sum(-1, keepdims=True)
+
+
+def bind_attention(**attrs):
+    from replicate.graph.core import bind
+
+    return lambda q, k, *m: bind("attention_weights", q, k, *m, **attrs)
+
+
+for label, attrs, extra in [
+        ("plain", dict(scale=0.5, causal=False, masking="none"), ()),
+        ("causal", dict(scale=0.5, causal=True, masking="none"), ()),
+        ("add", dict(scale=0.3, causal=True, masking="add"), (In((4, 5)),))]:
+    case("attention_weights", bind_attention(**attrs),
+         lambda q, k, *m, attrs=attrs: attention_ref(q, k, *m, **attrs),
+         In((2, 4, 3)), In((2, 5, 3)), *extra, label=label)
+case("attention_weights", bind_attention(scale=1.0, causal=False, masking="keep"),
+     lambda q, k, m: attention_ref(q, k, m, scale=1.0, causal=False, masking="keep"),
+     In((2, 4, 3)), In((5, 3)), In((4, 5), BOOL), label="keep", grad=False)
+case("attention_weights", bind_attention(scale=0.5, causal=True, masking="none"),
+     lambda q, k: attention_ref(q, k, scale=0.5, causal=True, masking="none"),
+     In((2, 4, 3), F32), In((2, 5, 3), F32), label="float32")
+
+
+def differentiable(c: Case) -> bool:
+    """Float64 inputs, floating-point outputs, and not excluded by the case."""
+    if not (c.grad and c.float64_only):
+        return False
+    return all(np.asarray(o).dtype.kind == "f" for o in leaves(c.ref(*c.sample())))
+
+
+GRAD_CASES = [c for c in CASES if differentiable(c)]
+
+
+GRAD_OF_GRAD = {"exp", "log", "tanh", "sigmoid", "softplus", "sin", "cos", "sqrt", "rsqrt",
+                "multiply", "divide", "power", "matmul", "einsum", "logsumexp", "var", "std",
+                "prod", "getitem", "take", "where", "conv2d", "max_pool2d", "avg_pool2d",
+                "concatenate", "pad", "maximum", "reciprocal", "abs", "expm1", "log1p",
+                "broadcast_to", "mean", "max", "erf", "mod", "cumsum", "cumprod", "sort",
+                "top_k", "flip", "roll", "repeat", "tile", "conv_transpose2d", "conv2d_input_grad",
+                "conv2d_weight_grad", "tan", "sinh", "arcsin", "arctan", "arccosh", "arctanh",
+                "log2", "arctan2", "logaddexp"}
+
+
+def _pick_gg():
+    picked, seen = [], {}
+    for c in GRAD_CASES:
+        n = seen.get(c.op, 0)
+        size = builtins.sum(np.prod(i.shape) for i in c.inputs)
+        if c.op in GRAD_OF_GRAD and n < 2 and size <= 30:
+            picked.append(c)
+            seen[c.op] = n + 1
+    return picked
+
+
+GG_CASES = _pick_gg()
+
+
+def draws(k, logits):
+    a, b = rnp.random.split(k)
+    three = rnp.random.split(b, 3)
+    return {
+        "uniform": rnp.random.uniform(a, (3, 4)),
+        "uniform64": rnp.random.uniform(k, (5,), dtype=np.float64, minval=-2.0, maxval=3.0),
+        "normal": rnp.random.normal(three[0], (2, 3)),
+        "normal0d": rnp.random.normal(three[1]),
+        "bernoulli": rnp.random.bernoulli(three[2], 0.3, (6,)),
+        "bernoulli_p": rnp.random.bernoulli(a, rnp.asarray([0.1, 0.9, 0.5])),
+        "categorical": rnp.random.categorical(b, logits),
+        "categorical0": rnp.random.categorical(a, logits, axis=0),
+        "split": three,
+        "fold_in": rnp.random.fold_in(k, 7),
+    }
+
+
+LOGITS = np.log(np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]]))
+EXPECTED = {"uniform": ((3, 4), np.float32), "uniform64": ((5,), np.float64),
+            "normal": ((2, 3), np.float32), "normal0d": ((), np.float32),
+            "bernoulli": ((6,), np.bool_), "bernoulli_p": ((3,), np.bool_),
+            "categorical": ((2,), np.int64), "categorical0": ((3,), np.int64),
+            "split": ((3, 2), np.uint32), "fold_in": ((2,), np.uint32)}

@@ -1,0 +1,80 @@
+"""Train, checkpointing every few steps; resume from the newest intact checkpoint when asked. For
+tests/runtime/test_faults_mpi.py (kill -9 mid-training, restart, compare bitwise with an
+uninterrupted run) and tests/runtime/test_faults.py (one process).
+
+    mpiexec -n 2 python tests/runtime/programs/faults_resume.py OUT --steps N [--ckpt PATTERN]
+        [--resume] [--sleep S] [--mode graph|eager] [--k K]
+
+Rank 0 writes OUT, rank r > 0 writes OUT.rank<r>.npz: every variable, the step and the losses.
+Each rank prints ``rank R pid P`` once and ``rank R step S`` after every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import replicate as rp
+
+
+def make(mode="graph", k=1):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(256, 6))
+    Y = (X[:, :3].sum(1) > 0).astype(np.int64)
+    model = rp.nn.Sequential(rp.nn.Linear(6, 16, rng=rng, dtype=np.float64), rp.nn.relu,
+                             rp.nn.Dropout(0.2, seed=3), rp.nn.Linear(16, 2, rng=rng,
+                                                                      dtype=np.float64))
+    opt = rp.wrap_optimizer(rp.optim.Adam(model.parameters(), lr=0.01))
+
+    def input_fn(ctx):
+        return rp.shard_batches((X, Y), batch_size=8, ctx=ctx, seed=1, epochs=None)
+
+    def step_fn(batch):
+        x, y = batch
+        loss = rp.nn.softmax_cross_entropy(model(x), y).mean()
+        opt.apply(rp.grad(loss, model.parameters()))
+        return {"loss": loss}
+
+    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k)
+    state = {"model": model.variables(), "opt": opt.variables()}
+    return rep, state
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=30, help="total steps, counting resumed ones")
+    ap.add_argument("--ckpt", default=None, help="checkpoint pattern with {step}")
+    ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--mode", default="graph")
+    ap.add_argument("--k", type=int, default=1)
+    ap.add_argument("--token", default="", help="a marker for finding orphans")
+    a = ap.parse_args(argv)
+    rep, state = make(a.mode, a.k)
+    print(f"rank {rep.rank} pid {os.getpid()}", flush=True)
+    if a.resume:
+        rep.restore(a.ckpt, state)
+        print(f"rank {rep.rank} resumed at step {rep.step}", flush=True)
+
+    def progress(r, step, outputs):
+        print(f"rank {r.rank} step {step}", flush=True)
+        if a.sleep:
+            time.sleep(a.sleep)
+
+    callbacks = [progress]
+    if a.ckpt:
+        callbacks.insert(0, rp.callbacks.Checkpoint(a.ckpt, state, every=a.every, keep=3))
+    hist = rep.run(a.steps - rep.step, callbacks=callbacks)
+    arrays = {name: var.value for name, var in rp.checkpoint.named_variables(state).items()}
+    out = a.out if rep.rank == 0 else f"{a.out}.rank{rep.rank}.npz"
+    np.savez(out, _step=np.array(rep.step), _losses=np.array([h["loss"] for h in hist]), **arrays)
+    print(f"rank {rep.rank} finished at step {rep.step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
