@@ -138,6 +138,61 @@ def test_every_pass_of_the_road_is_printed(monkeypatch, capsys):
     assert order == sorted(order)
 
 
+def test_one_road_for_every_step():
+    """The step is traced and its passes run in one place, the driver (``compiler.py``): no
+    other module of the package calls ``trace_step``, runs ``STEP_PASSES`` or defines a
+    ``step_graph``/``compile_step`` of its own (model parallelism copied the driver once)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel in ("compiler.py", "step.py", "graph/passes/step_passes.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            called = isinstance(node, ast.Call) and getattr(
+                node.func, "id", getattr(node.func, "attr", "")) in ("trace_step", "run_passes")
+            defined = node in tree.body and isinstance(node, ast.FunctionDef) and \
+                node.name in ("step_graph", "compile_step")  # (a method may delegate)
+            if called or defined or (isinstance(node, ast.Name) and node.id == "STEP_PASSES"
+                                     and rel != "graph/passes/__init__.py"):
+                bad.append(f"{rel}:{node.lineno}")
+    assert bad == []
+
+
+def test_every_caller_compiles_through_the_driver(monkeypatch):
+    """rp.function, a Replicator and a model-parallel device's part all run STEP_PASSES
+    through ``compiler.run_passes``."""
+    from replicate import compiler
+    from replicate.context import ReplicaContext
+    from replicate.model_parallel import Where
+
+    seen = []
+    real = compiler.run_passes
+
+    def spy(graph, todo, ctx):
+        if todo is step_passes.STEP_PASSES:
+            seen.append((ctx.replicas, ctx.devices))
+        return real(graph, todo, ctx)
+
+    monkeypatch.setattr(compiler, "run_passes", spy)
+    rp.function(lambda x: (x * 2.0).sum())(np.ones(3))
+    w = rp.Variable(np.ones(3), name="w")
+
+    def step_fn(x):
+        w.assign(w + rp.all_reduce(x, "mean"))
+        return w.sum()
+
+    rp.Replicator(lambda ctx: iter([np.ones(3)]), step_fn, replicas_per_rank=2).run()
+    w2 = rp.Variable(np.ones((3, 3)), name="w2")
+
+    def placed(x):
+        with rp.logical_device(1):
+            return (x @ w2).sum()
+
+    compiler.step_graph(placed, [np.ones((2, 3))], [ReplicaContext(0, 1)], where=Where(m=2))
+    assert seen == [(1, 1), (2, 1), (1, 2)]
+
+
 def test_function_and_replicator_give_the_same_step():
     """The same step_fn, one replica, through rp.function and through Replicator: the same
     parameters after three steps (they share every stage of the road)."""
