@@ -57,7 +57,7 @@ def one():
 
 def shared():
     import numpy as np
-    import test_backend_parity as P
+    from harness import parity as P
 
     import replicate as rp
     from replicate.backends import cupy_comm

@@ -1,7 +1,8 @@
 """The oracle on the GPU (a step of ``bench/gpu_check.sh``): the replicated training of
-``tests/backends/test_backend_parity.py`` (an MLP, Adam on all-reduced gradients, every collective
-in the loss and outputs) with k replicas in one process, on ``cupy`` and ``jax``, gives NumPy's
-outputs and parameters; exits non-zero on the first difference.
+``tests/harness/parity.py``, which ``tests/backends/test_backend_parity.py`` runs (an MLP, Adam on
+all-reduced gradients, every collective in the loss and outputs) with k replicas in one process,
+on ``cupy`` and ``jax``, gives NumPy's outputs and parameters; exits non-zero on the first
+difference.
 
     python bench/gpu_oracle.py 1 2 4
 """
@@ -19,7 +20,7 @@ import cupy_standin  # noqa: E402
 
 cupy_standin.install()  # the stand-in only in the rehearsal (REPLICATE_CUPY_STANDIN=gpu-view)
 
-import test_backend_parity as P  # noqa: E402
+from harness import parity as P  # noqa: E402
 
 
 def main(ks):

@@ -27,6 +27,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # os.environ, so the multi-process programs and every other child process inherit it.
 os.environ["REPLICATE_VALIDATE"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,6 +200,16 @@ def mpirun(*args, n=2, launcher=False, timeout=TIMEOUT, cwd=PROGRAMS, env=None, 
 def report(result) -> str:
     return (f"{' '.join(map(str, result.args))}\nexit {result.returncode}\n--- stdout\n"
             f"{result.stdout}\n--- stderr\n{result.stderr}")
+
+
+def load_both(path):
+    """Rank 0's and rank 1's saved arrays, which must be bitwise identical."""
+    r0, r1 = dict(np.load(path)), dict(np.load(path + ".rank1.npz"))
+    assert set(r0) == set(r1)
+    for key in r0:
+        np.testing.assert_array_equal(r0[key], r1[key], err_msg=f"ranks differ in {key}")
+        assert r0[key].tobytes() == r1[key].tobytes(), f"ranks differ bitwise in {key}"
+    return r0
 
 
 SHM_MARK = "mpich-shm-mapped:"  # a line a test program prints: ``... mpich-shm-mapped: PATHS``

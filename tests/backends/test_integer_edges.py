@@ -3,8 +3,9 @@
 NumPy, the reference, raises "Integers to negative integer powers are not allowed." where XLA
 and C give a number (XLA: 0 or garbage, silently). Every backend raises NumPy's ``ValueError``
 there, naming the op and the user's line, and gives the reference's values otherwise. (The
-integer ``//``, ``%``, ``abs`` and negation edges are cases of ``tests/api/test_ops.py`` with the
-"edges" label, run on every backend by ``tests/backends/test_backend_parity.py``.)
+integer ``//``, ``%``, ``abs`` and negation edges are cases of the op harness
+(``tests/harness/ops_elementwise.py``) with the "edges" label, run on every backend by
+``tests/backends/test_backend_parity.py``.)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import PROGRAMS, have_mpi, mpirun
+from conftest import PROGRAMS, have_mpi, load_both, mpirun
 from replicate.backends import get_backend, numpy_backend
 from replicate.compiler import PIPELINE, CompileOptions, compile_graph, step_graph
 from replicate.context import ReplicaContext
@@ -447,7 +447,6 @@ def test_random_elementwise_programs_fuse_correctly(ops, reduce, bshape):
 def test_oracle_two_processes_with_every_pass(tmp_path, options):
     sys.path.insert(0, PROGRAMS)
     import oracle
-    from test_mpi import _load_both as load_both
 
     out = str(tmp_path / "params.npz")
     result = mpirun("oracle.py", out, "--k", "2", "--opt", "adam", "--options",

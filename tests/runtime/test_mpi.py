@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, assert_no_shm_left, mpirun, needs_mpi, shm_mapped
+from conftest import PROGRAMS, assert_no_shm_left, load_both, mpirun, needs_mpi, shm_mapped
 
 sys.path.insert(0, PROGRAMS)
 import collective_cases as cc  # noqa: E402
@@ -23,16 +23,6 @@ pytestmark = needs_mpi
 def _ok(result):
     assert result.returncode == 0, (f"exit {result.returncode}\n--- stdout\n{result.stdout}\n"
                                     f"--- stderr\n{result.stderr}")
-
-
-def _load_both(path):
-    """Rank 0's and rank 1's saved arrays, which must be bitwise identical."""
-    r0, r1 = dict(np.load(path)), dict(np.load(path + ".rank1.npz"))
-    assert set(r0) == set(r1)
-    for key in r0:
-        np.testing.assert_array_equal(r0[key], r1[key], err_msg=f"ranks differ in {key}")
-        assert r0[key].tobytes() == r1[key].tobytes(), f"ranks differ bitwise in {key}"
-    return r0
 
 
 # -- the communicator ------------------------------------------------------------------------------
@@ -51,7 +41,7 @@ def test_communicator_reductions_are_bitwise_rank_ordered():
 def test_oracle_two_processes(tmp_path, k, mode, opt):
     out = str(tmp_path / "params.npz")
     _ok(mpirun("oracle.py", out, "--k", str(k), "--mode", mode, "--opt", opt, "--steps", "10"))
-    got = _load_both(out)
+    got = load_both(out)
     R, B = 2 * k, 8
     ref, ref_losses = oracle.train(1, opt=opt, steps=10, batch=R * B)
     for name in ref:
@@ -63,7 +53,7 @@ def test_oracle_two_processes(tmp_path, k, mode, opt):
 def test_oracle_through_the_launcher(tmp_path):
     out = str(tmp_path / "params.npz")
     _ok(mpirun("oracle.py", out, "--k", "2", "--opt", "adam", launcher=True))
-    got = _load_both(out)
+    got = load_both(out)
     ref, _ = oracle.train(1, opt="adam", steps=10, batch=4 * 8)
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-6, atol=1e-12, err_msg=name)
@@ -74,7 +64,7 @@ def test_oracle_through_the_launcher(tmp_path):
 def test_collectives_two_processes(tmp_path, k, mode):
     out = str(tmp_path / "collectives.npz")
     _ok(mpirun("collectives_mpi.py", out, "--k", str(k), "--mode", mode))
-    got = _load_both(out)
+    got = load_both(out)
     R = 2 * k
     cases = cc.cases(R)
     assert len(cases) >= 16
