@@ -210,6 +210,9 @@ for _name, _c in (("floor", "floor({a})"), ("ceil", "ceil({a})"), ("round", "rin
     declare(_name, ELEMENTWISE, _unary_float, differentiable=False, cuda=_c)  # rint: half to even
 declare("erf", ELEMENTWISE, _unary_float, cuda="erf({a})")
 declare("mod", ELEMENTWISE, _mod)  # NumPy's remainder: the divisor's sign (CUDA: cuda_codegen)
+# NumPy's float floor division (npy_floor_divide; integers floor in ``div``): the quotient of
+# a - fmod(a, b), snapped to an integer; x // 0 is x / 0. Derivative 0 wherever it has one
+declare("floor_divide", ELEMENTWISE, _binary_float, differentiable=False)
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, alias=True, cuda="{a}")
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph

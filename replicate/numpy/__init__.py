@@ -17,7 +17,7 @@ every dtype against NumPy, and lists these):
   them are float64;
 * ``round``, ``floor`` and ``ceil`` return integers and bools as they are (NumPy's ``round``
   makes bools float16); an integer divided by 0 is 0 (``reciprocal`` too, where NumPy's value
-  depends on the platform); float ``floor_divide`` is refused;
+  depends on the platform); float ``floor_divide`` is NumPy's (``inf // 2`` is NaN);
 * ``~`` is bitwise not of integers and logical not of bools; ``&``, ``|``, ``^``, ``<<`` and
   ``>>`` are NumPy's bitwise ops (``&`` of bools is logical and, a bool).
 
@@ -33,6 +33,7 @@ from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
 from . import random
 from ._arrayapi import (
+    astype,
     broadcast_arrays,
     can_cast,
     concat,
