@@ -747,6 +747,31 @@ case("meshgrid", lambda a, b: rnp.meshgrid(a, b, indexing="ij", sparse=True),
 case("full_like", lambda x: rnp.full_like(x, 2.5) + x, lambda x: np.full_like(x, 2.5) + x,
      In((2, 3)))
 case("full_like", lambda x: rnp.full_like(x, 2.5), lambda x: np.full_like(x, 2.5), In((3,), I32))
+case("empty_like", lambda x: rnp.empty_like(x, np.int32), lambda x: np.zeros_like(x, np.int32),
+     In((2, 3)), grad=False)
+
+
+def _padded(values, size, fill):
+    """NumPy's result cut or padded to ``size`` (what ``size=``/``fill_value=`` give)."""
+    values = np.asarray(values)[:size]
+    return np.concatenate([values, np.full(size - values.size, fill, values.dtype)])
+
+
+# data-dependent sizes: traced, a static size= (tests/test_sets.py: eager answers, padding)
+case("unique", lambda x: rnp.unique(x, size=7, fill_value=-9),
+     lambda x: _padded(np.unique(x), 7, -9), In((3, 4), I64, "int"))
+case("unique", lambda x: rnp.unique(x, size=6), np.unique, In((6,)))  # distinct: a sort
+case("unique_values", lambda x: rnp.unique_values(x, size=6), np.unique, In((2, 3)))
+case("unique_counts+unique_inverse+unique_all",
+     lambda x: (*rnp.unique_counts(x, size=5), *rnp.unique_inverse(x, size=5),
+                *rnp.unique_all(x, size=5)),
+     lambda x: (*(_padded(v, 5, np.unique(x)[0] if i % 2 == 0 else 0) for i, v in
+                  enumerate(np.unique_counts(x))),
+                _padded(np.unique(x), 5, np.unique(x)[0]), np.unique_inverse(x)[1],
+                *(v if i == 2 else _padded(v, 5, np.unique(x)[0] if i == 0 else 0) for i, v
+                  in enumerate(np.unique_all(x)))), In((2, 4), I32, "int"), grad=False)
+case("nonzero", lambda x: rnp.nonzero(x, size=8),
+     lambda x: tuple(_padded(i, 8, 0) for i in np.nonzero(x)), In((2, 5), I64, "int"))
 case("broadcast_arrays", lambda a, b: rnp.broadcast_arrays(a, b),
      lambda a, b: np.broadcast_arrays(a, b), In((2, 1)), In((3,)))
 case("result_type", lambda x: rnp.astype(x, rnp.result_type(x, np.float32, 1.0)),
@@ -1195,7 +1220,9 @@ def test_every_differentiable_op_has_a_gradient_case():
                           "bitwise_right_shift",
                           "isfinite", "floor_divide", "one_hot", "stop_gradient", "arange", "eye",
                           "zeros", "ones", "full", "asarray", "array", "as_array", "astype",
-                          "argsort", "empty", "linspace", "result_type", "can_cast"}
+                          "argsort", "empty", "linspace", "result_type", "can_cast",
+                          "empty_like", "nonzero", "unique_counts", "unique_inverse",
+                          "unique_all"}
     public = {n for n in rnp.__all__ if callable(getattr(rnp, n))
               and not isinstance(getattr(rnp, n), type)}
     with_grad = {part for c in GRAD_CASES for part in c.op.split("+")}

@@ -56,6 +56,7 @@ from ._bitwise import (
 from ._creation import (
     arange,
     empty,
+    empty_like,
     eye,
     full,
     full_like,
@@ -85,6 +86,7 @@ from ._reductions import (
     var,
 )
 from ._reorder import argsort, flip, repeat, roll, sort, tile, top_k
+from ._sets import nonzero, unique, unique_all, unique_counts, unique_inverse, unique_values
 from ._shape import (
     array,
     asarray,

@@ -105,6 +105,17 @@ def empty(shape, dtype=DEFAULT_FLOAT):
     return zeros(shape, dtype)
 
 
+def empty_like(x, dtype=None):
+    """``np.empty_like``, which here is ``zeros_like`` (an Array is never uninitialised memory):
+    ``x``'s shape, its dtype unless ``dtype`` is given.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.empty_like(rnp.asarray([1.5, 2.5]), "int32").tolist()
+    [0, 0]
+    """
+    return zeros_like(x, dtype)
+
+
 def full_like(x, fill_value, dtype=None):
     """``np.full_like``: an array of ``x``'s shape filled with ``fill_value``, of ``x``'s dtype
     unless ``dtype`` is given (the value converted to it, as NumPy: 2.7 in an int array is 2).
