@@ -32,6 +32,7 @@ from typing import Callable
 from ..dtypes import is_float  # noqa: F401 - autodiff and custom import it from here
 from ..errors import MissingRuleError
 from .conv import conv2d_input_grad_shape, conv2d_shape, conv2d_weight_grad_shape
+from .linalg import cholesky_shape, det_shape, eigh_shape, qr_shape, solve_shape, svd_shape
 from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported from here too
     _arg_reduce,
     _argsort,
@@ -244,6 +245,16 @@ declare("einsum", CONTRACTION, _einsum)
 declare("conv2d", CONTRACTION, conv2d_shape)
 declare("conv2d_input_grad", CONTRACTION, conv2d_input_grad_shape)  # attr size: the input's H, W
 declare("conv2d_weight_grad", CONTRACTION, conv2d_weight_grad_shape)  # attr kernel: KH, KW
+
+# linear algebra on stacks of float matrices (``graph/linalg.py``): one primitive per result of a
+# factorisation (attr ``part``); svd: attr full_matrices
+declare("solve", CONTRACTION, solve_shape)
+declare("cholesky", CONTRACTION, cholesky_shape)
+declare("qr", CONTRACTION, qr_shape)
+declare("svd", CONTRACTION, svd_shape)
+declare("eigh", CONTRACTION, eigh_shape)
+declare("det", CONTRACTION, det_shape)
+declare("slogdet", CONTRACTION, det_shape)
 
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)

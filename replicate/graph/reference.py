@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from ..dtypes import LOW_PRECISION
-from . import conv
+from . import conv, linalg
 from .primitives import REGISTRY, RuleTable, index_tuple, parse_einsum
 from .special import erf as _erf_np
 
@@ -219,6 +219,7 @@ ROWS = {
     "const": lambda xp: lambda value: value,
     "local_reduce": _local_reduce,
     **conv.ROWS,  # conv2d, conv2d_input_grad, conv2d_weight_grad: im2col and GEMMs
+    **linalg.ROWS,  # solve, cholesky, qr, svd, eigh, det, slogdet: xp.linalg's
 }
 
 

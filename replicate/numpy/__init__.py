@@ -31,7 +31,7 @@ import numpy as _np
 
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
-from . import random
+from . import linalg, random
 from ._arrayapi import (
     astype,
     broadcast_arrays,
