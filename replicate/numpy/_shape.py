@@ -117,11 +117,20 @@ def swapaxes(x, a, b):
 
 
 def moveaxis(x, source, destination):
+    """``np.moveaxis``: axis ``source`` (an int, or a sequence of them) moved to
+    ``destination`` (as many), the others in their order."""
     x = as_array(x)
-    source, destination = _axis(source, x.ndim, "moveaxis"), _axis(destination, x.ndim, "moveaxis")
-    perm = [i for i in range(x.ndim) if i != source]
-    perm.insert(destination, source)
-    return transpose(x, perm)
+    many = not isinstance(source, numbers.Integral)
+    source = [_axis(a, x.ndim, "moveaxis") for a in (source if many else [source])]
+    destination = [_axis(a, x.ndim, "moveaxis") for a in (
+        destination if not isinstance(destination, numbers.Integral) else [destination])]
+    if len(source) != len(destination) or len(set(source)) != len(source) \
+            or len(set(destination)) != len(destination):
+        raise ReplicateError(f"moveaxis: sources {source} and destinations {destination} do "
+                             "not pair up")
+    rest = iter(i for i in range(x.ndim) if i not in source)
+    placed = dict(zip(destination, source))
+    return transpose(x, [placed[i] if i in placed else next(rest) for i in range(x.ndim)])
 
 
 def broadcast_to(x, shape):
