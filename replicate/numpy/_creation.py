@@ -56,8 +56,10 @@ def ones_like(x, dtype=None):
     return ones(x.shape, dtype or x.dtype)
 
 
-def arange(*args, dtype=None):
-    return concrete(np.arange(*args, dtype=dtype))
+def arange(start, stop=None, step=None, dtype=None):
+    """``np.arange``: ``start`` to ``stop`` (``0`` to ``start`` when ``stop`` is None) by ``step``
+    (1 when None), a constant (known when traced)."""
+    return concrete(np.arange(start, stop, step, dtype=dtype))
 
 
 def _known(v, what):

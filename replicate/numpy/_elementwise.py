@@ -357,13 +357,13 @@ def where(cond, a, b):
     return bind("select", cond, a, b)
 
 
-def clip(x, lo=None, hi=None):
-    """Clamp into ``[lo, hi]``; either bound may be None."""
+def clip(x, min=None, max=None):  # noqa: A002 - NumPy 2's and the Array API's names
+    """Clamp into ``[min, max]``; either bound may be None."""
     x = as_array(x)
-    if lo is not None:
-        x = maximum(x, lo)
-    if hi is not None:
-        x = minimum(x, hi)
+    if min is not None:
+        x = maximum(x, min)
+    if max is not None:
+        x = minimum(x, max)
     return x
 
 

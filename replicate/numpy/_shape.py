@@ -163,7 +163,7 @@ def squeeze(x, axis=None):
         axes = tuple(_axis(a, x.ndim, "squeeze") for a in axes)
         for a in axes:
             if x.shape[a] != 1:
-                raise ReplicateError(f"squeeze: axis {a} of shape {x.shape} is not 1")
+                raise ShapeError(f"squeeze: axis {a} of shape {x.shape} is not 1")
     return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 

@@ -11,7 +11,8 @@ What there is, and its gradient (``replicate/graph/linalg_vjp.py`` has the formu
 * compositions of those and of ``rnp``'s ops (their gradients the pieces'): ``inv`` (``solve``
   against the identity), ``norm`` (NumPy's ``ord``s, vector and matrix: None, ``"fro"``,
   ``"nuc"``, ±1, ±2, ±inf, 0 and any p for vectors), the Array API's ``vector_norm`` and
-  ``matrix_norm``, ``matmul``, ``matrix_transpose``, ``vecdot``, ``outer``, ``trace``.
+  ``matrix_norm``, ``matmul``, ``matrix_transpose``, ``vecdot``, ``tensordot``, ``outer``,
+  ``trace``.
 
 Integers and bools are computed in float64 (NumPy's rule). Where NumPy raises ``LinAlgError``
 (a singular matrix for ``solve``/``inv``, one not positive definite for ``cholesky``) the
@@ -19,7 +20,8 @@ NumPy backend and eager mode raise it too; JAX gives NaN or inf there, as ``jax.
 Gradients where the derivative does not exist (equal singular values, a singular matrix) are
 what the formulas give: inf or NaN, as JAX's. The 2-norm's gradient at 0 is 0 (a subgradient,
 as PyTorch's), not NaN. Not here: complex matrices, ``eig``/``eigvals`` (complex results),
-``lstsq``, ``pinv``, ``matrix_rank``, ``matrix_power``, ``tensorsolve``, ``qr(mode="complete")``.
+``lstsq``, ``pinv``, ``matrix_rank``, ``matrix_power``, ``cross``, ``diagonal``,
+``tensorsolve``, ``qr(mode="complete")``.
 
 >>> import replicate.numpy as rnp
 >>> a = rnp.asarray([[4.0, 2.0], [2.0, 3.0]])
@@ -40,6 +42,7 @@ from ..errors import ShapeError
 from ..graph.core import bind
 from . import _arrayapi, _base, _creation, _elementwise, _reductions, _shape
 from ._linalg import matmul
+from ._namespace import tensordot
 
 QRResult = namedtuple("QRResult", "Q R")
 SVDResult = namedtuple("SVDResult", "U S Vh")
@@ -241,4 +244,4 @@ def trace(x, offset=0):
 
 __all__ = ["EighResult", "QRResult", "SVDResult", "SlogdetResult", "cholesky", "det", "eigh",
            "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_transpose", "norm", "outer", "qr",
-           "slogdet", "solve", "svd", "svdvals", "trace", "vecdot", "vector_norm"]
+           "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]
