@@ -31,9 +31,14 @@ class ShapeError(ReplicateError, ValueError):
 
 class DTypeError(ReplicateError, TypeError):
     """Operands have dtypes an op cannot accept: a bool negated or subtracted, an integer where a
-    float is needed (or floor_divide of floats, integers to negative powers), operands of
+    float is needed (or integers to negative powers), operands of
     different dtypes, a non-bool condition or logical operand, non-integer index arrays, a cast to
     a dtype that is not bool, integer or float."""
+
+
+class CopyError(ReplicateError, ValueError):
+    """``copy=False`` where the value cannot be had without a copy (a list, another dtype): a
+    ``ValueError``, as NumPy's."""
 
 
 class NegativePowerError(DTypeError, ValueError):

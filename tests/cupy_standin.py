@@ -84,6 +84,8 @@ def wrap(x):
         return ndarray(x)
     if isinstance(x, np.generic):  # CuPy's reductions give 0-d arrays, never scalars
         return ndarray(np.asarray(x))
+    if hasattr(x, "_fields"):  # a named tuple (numpy.linalg's results)
+        return type(x)(*(wrap(v) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(wrap(v) for v in x)
     return x
@@ -218,8 +220,11 @@ def asnumpy(x):
 
 
 def _checked(fn, name):
-    """``fn`` on device arrays, refusing the arguments the real CuPy's ``name`` refuses."""
-    real = getattr(REAL, name, None)
+    """``fn`` on device arrays, refusing the arguments the real CuPy's ``name`` (dotted for a
+    submodule's: ``linalg.solve``) refuses."""
+    real = REAL
+    for part in name.split("."):
+        real = getattr(real, part, None)
     try:
         signature = inspect.signature(real) if real is not None else None
     except (TypeError, ValueError):  # a Cython function or ufunc without one
@@ -536,6 +541,9 @@ def _make_modules() -> dict:
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
     cp.cuda, nccl = _CUDA.make_cuda()
     cp.from_dlpack = _from_dlpack
+    cp.linalg = types.ModuleType("cupy.linalg", "numpy.linalg on device arrays")
+    for name in ("solve", "cholesky", "qr", "svd", "eigh", "det", "slogdet"):
+        setattr(cp.linalg, name, _checked(getattr(np.linalg, name), f"linalg.{name}"))
     cx = types.ModuleType("cupyx", "the cupyx stand-in of the tests")
     cx.scatter_add = _scatter_add
     special = types.ModuleType("cupyx.scipy.special")

@@ -33,6 +33,22 @@ template <typename T> __device__ T _imod(T a, T b) {
   if (b == 0 || (b < 0 && b == (T)-1)) return 0;
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+__device__ float _ffloordiv(float a, float b) {
+  if (b == 0) return a / b;
+  float m = fmodf(a, b), d = (a - m) / b;
+  if (m != 0 && ((b < 0) != (m < 0))) d -= 1.0f;
+  if (d == 0) return copysignf(0.0f, a / b);
+  float f = floorf(d);
+  return d - f > 0.5f ? f + 1.0f : f;
+}
+__device__ double _ffloordiv(double a, double b) {
+  if (b == 0) return a / b;
+  double m = fmod(a, b), d = (a - m) / b;
+  if (m != 0 && ((b < 0) != (m < 0))) d -= 1.0;
+  if (d == 0) return copysign(0.0, a / b);
+  double f = floor(d);
+  return d - f > 0.5 ? f + 1.0 : f;
+}
 __device__ float _fmod(float a, float b) {
   float r = fmodf(a, b);
   return r != 0 ? (((r < 0) != (b < 0)) ? r + b : r) : copysignf(0.0f, b);
@@ -97,6 +113,8 @@ CUDA.update({  # expressions that depend on the type
     "div": lambda a, b, t, **_: _div(a, b, t),
     "maximum": lambda a, b, t, **_: max_expr(a, b), "minimum": lambda a, b, t, **_: min_expr(a, b),
     "mod": lambda a, b, t, **_: _mod(a, b, t), "pow": _pow,
+    # NumPy's npy_floor_divide (floats only: integers floor in ``div``); float16 in float
+    "floor_divide": lambda a, b, t, **_: f"_ffloordiv({a}, {b})",
 })
 
 __all__ = ["CUDA", "ERR", "ERR_PARAM", "POW_MESSAGE", "PREAMBLE", "max_expr", "min_expr",

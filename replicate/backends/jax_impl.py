@@ -284,11 +284,12 @@ def _in_float32(fn):
     """``fn`` computed in float32 for float16/bfloat16 operands, rounded once by ``apply``:
     ``jax.numpy``'s ``log2``, ``logaddexp``, the inverse and hyperbolic functions are several
     XLA ops, each rounding to the low dtype (bfloat16 ``logaddexp`` was off by more than an
-    ulp; XLA rounds a single op such as ``exp`` once)."""
-    def run(*xs):
+    ulp; XLA rounds a single op such as ``exp`` once). The linear algebra too: LAPACK has no
+    float16."""
+    def run(*xs, **attrs):
         if any(jnp.result_type(x) in (jnp.float16, jnp.bfloat16) for x in xs):
             xs = [jnp.asarray(x, jnp.float32) for x in xs]
-        return fn(*xs)
+        return fn(*xs, **attrs)
     return run
 
 
@@ -332,7 +333,8 @@ JAX = reference.table(jnp, "jax", {
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:
     del JAX[_name]  # communication runs on the host (local_reduce is a device op: it stays)
 for _name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh",
-              "arctanh", "arctan2", "log2", "log10", "logaddexp"):
+              "arctanh", "arctan2", "log2", "log10", "logaddexp", "floor_divide", "solve",
+              "cholesky", "qr", "svd", "eigh", "det", "slogdet"):
     JAX[_name] = _in_float32(JAX[_name])
 
 

@@ -33,6 +33,7 @@ from ..dtypes import is_float  # noqa: F401 - autodiff and custom import it from
 from ..errors import MissingRuleError
 from .attention import weights_shape as _attention_weights
 from .conv import conv2d_input_grad_shape, conv2d_shape, conv2d_weight_grad_shape
+from .linalg import cholesky_shape, det_shape, eigh_shape, qr_shape, solve_shape, svd_shape
 from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported from here too
     _arg_reduce,
     _argsort,
@@ -211,6 +212,9 @@ for _name, _c in (("floor", "floor({a})"), ("ceil", "ceil({a})"), ("round", "rin
     declare(_name, ELEMENTWISE, _unary_float, differentiable=False, cuda=_c)  # rint: half to even
 declare("erf", ELEMENTWISE, _unary_float, cuda="erf({a})")
 declare("mod", ELEMENTWISE, _mod)  # NumPy's remainder: the divisor's sign (CUDA: cuda_codegen)
+# NumPy's float floor division (npy_floor_divide; integers floor in ``div``): the quotient of
+# a - fmod(a, b), snapped to an integer; x // 0 is x / 0. Derivative 0 wherever it has one
+declare("floor_divide", ELEMENTWISE, _binary_float, differentiable=False)
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, alias=True, cuda="{a}")
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
@@ -244,6 +248,16 @@ declare("conv2d_input_grad", CONTRACTION, conv2d_input_grad_shape)  # attr size:
 declare("conv2d_weight_grad", CONTRACTION, conv2d_weight_grad_shape)  # attr kernel: KH, KW
 # softmax(q @ k^T * scale, masked) (``graph/attention.py``): attrs scale, causal, masking
 declare("attention_weights", CONTRACTION, _attention_weights)
+
+# linear algebra on stacks of float matrices (``graph/linalg.py``): one primitive per result of a
+# factorisation (attr ``part``); svd: attr full_matrices
+declare("solve", CONTRACTION, solve_shape)
+declare("cholesky", CONTRACTION, cholesky_shape)
+declare("qr", CONTRACTION, qr_shape)
+declare("svd", CONTRACTION, svd_shape)
+declare("eigh", CONTRACTION, eigh_shape)
+declare("det", CONTRACTION, det_shape)
+declare("slogdet", CONTRACTION, det_shape)
 
 declare("random_bits", RANDOM, _random, differentiable=False)
 declare("random_uniform", RANDOM, _random, differentiable=False)

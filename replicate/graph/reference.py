@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from ..dtypes import LOW_PRECISION
-from . import attention, conv
+from . import attention, conv, linalg
 from .primitives import REGISTRY, RuleTable, index_tuple, parse_einsum
 from .special import erf as _erf_np
 
@@ -38,6 +38,28 @@ def _div(xp):
             return xp.true_divide(a, b)
         return xp.floor_divide(a, b)
     return div
+
+
+def floor_divide_of(xp, a, b):
+    """NumPy's float ``floor_divide`` (``npy_floor_divide``, ``npy_divmod``) in array module
+    ``xp``, step for step: ``x // 0`` is ``x / 0``; otherwise ``(a - fmod(a, b)) / b``, one less
+    where the remainder's sign is not the divisor's, snapped to the nearest integer (a NaN stays,
+    so ``inf // 2`` is NaN); a zero quotient has the sign of ``a / b``. (``jnp.floor_divide``
+    gives NaN for ``x // 0`` and +0 for ``-0.0 // 1``; CuPy's floors ``a / b``.)"""
+    quotient = a / b
+    mod = xp.fmod(a, b)
+    div = (a - mod) / b
+    div = xp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    snapped = xp.floor(div)
+    snapped = xp.where(div - snapped > 0.5, snapped + 1, snapped)
+    snapped = xp.where(div == 0, xp.copysign(xp.zeros_like(div), quotient), snapped)
+    return xp.where(b == 0, quotient, snapped)
+
+
+def _floor_divide(xp):
+    if xp is np:
+        return np.floor_divide  # the definition itself
+    return lambda a, b: floor_divide_of(xp, a, b)
 
 
 def _logistic_np(x, out=None):
@@ -159,7 +181,7 @@ ROWS = {
                                       "arcsinh", "arccosh", "arctanh", "log2", "log10",
                                       "arctan2", "logaddexp")},
     "floor": _same("floor"), "ceil": _same("ceil"), "round": _same("rint"),  # half to even
-    "erf": lambda xp: _erf_np, "mod": _same("remainder"),
+    "erf": lambda xp: _erf_np, "mod": _same("remainder"), "floor_divide": _floor_divide,
     "add": _same("add"), "sub": _same("subtract"), "mul": _same("multiply"), "div": _div,
     "pow": _same("power"), "maximum": _same("maximum"), "minimum": _same("minimum"),
     "eq": _same("equal"), "ne": _same("not_equal"), "lt": _same("less"),
@@ -198,6 +220,7 @@ ROWS = {
     "local_reduce": _local_reduce,
     **conv.ROWS,  # conv2d, conv2d_input_grad, conv2d_weight_grad: im2col and GEMMs
     "attention_weights": attention.weights_row,  # the scores once, then in place
+    **linalg.ROWS,  # solve, cholesky, qr, svd, eigh, det, slogdet: xp.linalg's
 }
 
 

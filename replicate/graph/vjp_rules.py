@@ -16,6 +16,7 @@ from .. import numpy as rnp
 from .collectives import bind_collective
 from .core import bind, concrete
 from .devices import move
+from .linalg_vjp import RULES as LINALG_RULES
 from .primitives import RuleTable, parse_einsum
 
 
@@ -299,6 +300,7 @@ VJP = RuleTable("vjp", {
     "attention_weights": _attention_weights,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
+    **LINALG_RULES,  # solve, cholesky, qr, svd, eigh, det, slogdet (``linalg_vjp.py``)
     "all_reduce": _all_reduce,
     "all_gather": _all_gather,
     "broadcast": _broadcast,

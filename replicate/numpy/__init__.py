@@ -17,7 +17,7 @@ every dtype against NumPy, and lists these):
   them are float64;
 * ``round``, ``floor`` and ``ceil`` return integers and bools as they are (NumPy's ``round``
   makes bools float16); an integer divided by 0 is 0 (``reciprocal`` too, where NumPy's value
-  depends on the platform); float ``floor_divide`` is refused;
+  depends on the platform); float ``floor_divide`` is NumPy's (``inf // 2`` is NaN);
 * ``~`` is bitwise not of integers and logical not of bools; ``&``, ``|``, ``^``, ``<<`` and
   ``>>`` are NumPy's bitwise ops (``&`` of bools is logical and, a bool).
 
@@ -27,12 +27,16 @@ every dtype against NumPy, and lists these):
 
 from __future__ import annotations
 
+import sys as _sys
+
 import numpy as _np
 
+from ..errors import PlacementError as _PlacementError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
-from . import random
+from . import linalg, random
 from ._arrayapi import (
+    astype,
     broadcast_arrays,
     can_cast,
     concat,
@@ -55,6 +59,7 @@ from ._bitwise import (
 from ._creation import (
     arange,
     empty,
+    empty_like,
     eye,
     full,
     full_like,
@@ -69,6 +74,8 @@ from ._creation import (
 )
 from ._elementwise import *  # noqa: F403  (every op wrapper; its __all__ lists them)
 from ._linalg import avg_pool2d, conv2d, conv_transpose2d, dot, einsum, matmul, max_pool2d
+from ._namespace import *  # noqa: F403  (the Array API's names; its __all__ lists them)
+from ._namespace import __array_api_version__, __array_namespace_info__
 from ._reductions import (
     argmax,
     argmin,
@@ -84,6 +91,7 @@ from ._reductions import (
     var,
 )
 from ._reorder import argsort, flip, repeat, roll, sort, tile, top_k
+from ._sets import nonzero, unique, unique_all, unique_counts, unique_inverse, unique_values
 from ._shape import (
     array,
     asarray,
@@ -107,8 +115,9 @@ from ._shape import (
 )
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
-int32, int64, uint32, bool_ = _np.int32, _np.int64, _np.uint32, _np.bool_
-pi, inf, nan = _np.pi, _np.inf, _np.nan
+int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
+uint8, uint16, uint32, uint64, bool_ = _np.uint8, _np.uint16, _np.uint32, _np.uint64, _np.bool_
+pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
 
 
 def _install_operators(cls):
@@ -137,16 +146,33 @@ def _install_operators(cls):
             self, s[0] if len(s) == 1 else s),
         "transpose": lambda self, *axes: transpose(self, axes or None),
         "astype": astype, "ravel": ravel, "squeeze": squeeze,
+        "__array_namespace__": lambda self, api_version=None: _namespace_module(),
     }
     for name, fn in ops.items():
         setattr(cls, name, fn)
     cls.T = property(lambda self: transpose(self))
+    cls.mT = property(lambda self: matrix_transpose(self))
+    cls.device = property(lambda self: "cpu")  # the Array API's: a step places values itself
+    cls.to_device = _to_device
     cls.__hash__ = object.__hash__
+
+
+def _to_device(self, device, stream=None):
+    """The Array API's ``to_device``: "cpu" (``x.device``) only; a step places values itself."""
+    if device != "cpu":
+        raise _PlacementError(f"to_device({device!r}): an Array's device is 'cpu'; a compiled "
+                             "step places its values on its backend's device itself")
+    return self
+
+
+def _namespace_module():
+    return _sys.modules[__name__]
 
 
 _install_operators(Array)
 
 __all__ = [n for n in dir() if not n.startswith("_")]
+globals()["bool"] = _np.bool_  # the Array API's name (not in __all__: a star import keeps Python's)
 
 # NumPy functions on Arrays and Variables refuse, naming the function here of the same name; the
 # ufuncs NumPy's operators call (``ndarray * x`` is np.multiply(ndarray, x)) get the op instead.

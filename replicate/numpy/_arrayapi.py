@@ -16,6 +16,18 @@ from ._reductions import sum
 from ._shape import _axis, broadcast_to, concatenate, moveaxis, swapaxes, transpose
 
 
+def astype(x, dtype, copy=True):
+    """The Array API's ``astype`` (NumPy 2's ``np.astype``): ``cast``. ``copy`` is accepted and
+    moot: an Array is never written to, so a result that is ``x`` itself (``copy=False`` or not,
+    when the dtype is already ``dtype``) is as good as a copy.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.astype([1.5, -2.5], "int8", copy=False).tolist()
+    [1, -2]
+    """
+    return cast(x, dtype)
+
+
 def concat(arrays, axis=0):
     """The Array API's ``concat``: ``concatenate`` (promoted to one dtype; the flattened arrays
     when ``axis`` is None).

@@ -56,8 +56,10 @@ def ones_like(x, dtype=None):
     return ones(x.shape, dtype or x.dtype)
 
 
-def arange(*args, dtype=None):
-    return concrete(np.arange(*args, dtype=dtype))
+def arange(start, stop=None, step=None, dtype=None):
+    """``np.arange``: ``start`` to ``stop`` (``0`` to ``start`` when ``stop`` is None) by ``step``
+    (1 when None), a constant (known when traced)."""
+    return concrete(np.arange(start, stop, step, dtype=dtype))
 
 
 def _known(v, what):
@@ -103,6 +105,17 @@ def empty(shape, dtype=DEFAULT_FLOAT):
     [0, 0]
     """
     return zeros(shape, dtype)
+
+
+def empty_like(x, dtype=None):
+    """``np.empty_like``, which here is ``zeros_like`` (an Array is never uninitialised memory):
+    ``x``'s shape, its dtype unless ``dtype`` is given.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.empty_like(rnp.asarray([1.5, 2.5]), "int32").tolist()
+    [0, 0]
+    """
+    return zeros_like(x, dtype)
 
 
 def full_like(x, fill_value, dtype=None):

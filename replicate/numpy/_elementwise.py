@@ -222,13 +222,17 @@ def _int8_if_bool(a, b):
 
 
 def floor_divide(a, b):
-    """``a // b``, floored, for integers (a bool pair in int8, as NumPy); an integer divided by
-    0 is 0 (NumPy's value)."""
+    """``a // b``, floored, as NumPy's: integers (a bool pair in int8; ``x // 0`` is 0, NumPy's
+    value) and floats by NumPy's own algorithm (``inf // 2`` is NaN, ``x // 0`` is ``x / 0``, a
+    zero quotient has the sign of ``a / b``). No gradient: its derivative is 0 wherever it has
+    one. A primitive (``div`` for integers, ``floor_divide`` for floats).
+
+    >>> import replicate.numpy as rnp
+    >>> (rnp.asarray([7.0, -7.0, -0.5, 1.0]) // rnp.asarray([2.0, 2.0, 4.0, 0.0])).tolist()
+    [3.0, -4.0, -1.0, inf]
+    """
     a, b = _int8_if_bool(*promote(a, b))
-    if is_float(a.dtype):
-        raise DTypeError("floor_divide of floats is not a primitive; use rnp.floor(a / b) (or "
-                         "(a - rnp.mod(a, b)) / b, NumPy's own formula)")
-    return bind("div", a, b)
+    return bind("floor_divide" if is_float(a.dtype) else "div", a, b)
 
 
 def mod(a, b):
@@ -353,13 +357,13 @@ def where(cond, a, b):
     return bind("select", cond, a, b)
 
 
-def clip(x, lo=None, hi=None):
-    """Clamp into ``[lo, hi]``; either bound may be None."""
+def clip(x, min=None, max=None):  # noqa: A002 - NumPy 2's and the Array API's names
+    """Clamp into ``[min, max]``; either bound may be None."""
     x = as_array(x)
-    if lo is not None:
-        x = maximum(x, lo)
-    if hi is not None:
-        x = minimum(x, hi)
+    if min is not None:
+        x = maximum(x, min)
+    if max is not None:
+        x = minimum(x, max)
     return x
 
 
@@ -387,13 +391,6 @@ def stop_gradient(x):
     3.0
     """
     return bind("stop_gradient", as_array(x))
-
-
-def astype(x, dtype, copy=True):
-    """The Array API's ``astype``: ``cast`` (``copy`` is moot, Arrays being immutable).
-    >>> __import__("replicate.numpy").numpy.astype([1.5, -2.5], "int8", copy=False).tolist()
-    [1, -2]"""
-    return cast(x, dtype)
 
 
 __all__ = sorted(n for n, v in list(globals().items()) if not n.startswith("_")

@@ -7,21 +7,39 @@ import numbers
 
 import numpy as np
 
-from ..errors import DTypeError, IndexOutOfRangeError, ReplicateError, ShapeError
+from ..errors import CopyError, DTypeError, IndexOutOfRangeError, ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
 from ._base import as_array, cast, from_foreign, norm_axes, promote, static_axis
 from ._elementwise import equal
 
 
 # -- creation ---------------------------------------------------------------------------------
-def asarray(x, dtype=None) -> Array:
-    """Make an Array from a NumPy array, nested list or number.
+def asarray(x, dtype=None, copy=None) -> Array:
+    """Make an Array from a NumPy array, nested list or number (``np.asarray``, the Array API's
+    ``asarray``). A NumPy array's memory is shared, as NumPy's (writing to it writes to the
+    Array) unless ``copy=True``; ``copy=False`` refuses (``CopyError``, a ``ValueError``) where
+    a copy is needed: a list, a number, another dtype. An Array is never written to: it comes
+    back as it is (cast to ``dtype``), whatever ``copy`` says.
 
-    >>> import replicate.numpy as rnp
+    >>> import numpy as np, replicate.numpy as rnp
     >>> rnp.asarray([1, 2]).dtype
     dtype('int64')
+    >>> a = np.zeros(2); x = rnp.asarray(a, copy=True); a[0] = 5; x.tolist()
+    [0.0, 0.0]
     """
-    return as_array(x, dtype)
+    if copy is None:
+        return as_array(x, dtype)
+    y = as_array(x)
+    if copy is False:
+        shared = isinstance(x, (Array, np.ndarray, np.generic)) or hasattr(x, "read") or hasattr(
+            x, "__dlpack__")
+        if not shared or dtype is not None and np.dtype(dtype) != y.dtype:
+            into = "an Array" if dtype is None else f"an Array of {np.dtype(dtype)}"
+            raise CopyError(f"asarray(copy=False): a {type(x).__name__} of {y.dtype} becomes "
+                            f"{into} only by a copy")
+        return y
+    y = as_array(y, dtype)
+    return y if y.symbolic else as_array(np.array(y.value))
 
 
 array = asarray
@@ -99,11 +117,20 @@ def swapaxes(x, a, b):
 
 
 def moveaxis(x, source, destination):
+    """``np.moveaxis``: axis ``source`` (an int, or a sequence of them) moved to
+    ``destination`` (as many), the others in their order."""
     x = as_array(x)
-    source, destination = _axis(source, x.ndim, "moveaxis"), _axis(destination, x.ndim, "moveaxis")
-    perm = [i for i in range(x.ndim) if i != source]
-    perm.insert(destination, source)
-    return transpose(x, perm)
+    many = not isinstance(source, numbers.Integral)
+    source = [_axis(a, x.ndim, "moveaxis") for a in (source if many else [source])]
+    destination = [_axis(a, x.ndim, "moveaxis") for a in (
+        destination if not isinstance(destination, numbers.Integral) else [destination])]
+    if len(source) != len(destination) or len(set(source)) != len(source) \
+            or len(set(destination)) != len(destination):
+        raise ReplicateError(f"moveaxis: sources {source} and destinations {destination} do "
+                             "not pair up")
+    rest = iter(i for i in range(x.ndim) if i not in source)
+    placed = dict(zip(destination, source))
+    return transpose(x, [placed[i] if i in placed else next(rest) for i in range(x.ndim)])
 
 
 def broadcast_to(x, shape):
@@ -136,7 +163,7 @@ def squeeze(x, axis=None):
         axes = tuple(_axis(a, x.ndim, "squeeze") for a in axes)
         for a in axes:
             if x.shape[a] != 1:
-                raise ReplicateError(f"squeeze: axis {a} of shape {x.shape} is not 1")
+                raise ShapeError(f"squeeze: axis {a} of shape {x.shape} is not 1")
     return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 

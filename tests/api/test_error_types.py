@@ -37,7 +37,6 @@ DTYPE_CASES = {
     "float NumPy index array": (lambda b, f, i: f[np.array([0.5])],
                                 "index arrays must be integers"),
     "int to a negative power": (lambda b, f, i: rnp.power(i, -1), "negative integer powers"),
-    "floor_divide of floats": (lambda b, f, i: f // f, "floor_divide of floats"),
 }
 
 

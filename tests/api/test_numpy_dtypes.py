@@ -75,9 +75,6 @@ DIFFERS = {
                           "is the most negative integer here, 0 for 8-bit integers: the "
                           "platform's); documented in rnp.reciprocal"
        for i in ("int32", "int64")},
-    **{("floor_divide", f): "refused: float floor_divide is not a primitive yet (issue 30's "
-                            "missing functions); the error names rnp.floor(a / b)"
-       for f in FLOATS},
 }
 
 

@@ -58,7 +58,8 @@ def _numeric(x, y):
     a = lambda: x + x.dtype.type(next(k))  # noqa: E731 - a distinct input per op
     return [rnp.negative(a()), rnp.abs(a() - y), rnp.sign(a() - y), rnp.add(a(), y),
             rnp.subtract(a(), y), rnp.multiply(a(), y), rnp.maximum(a(), y),
-            rnp.minimum(a(), y), rnp.mod(a(), y), rnp.equal(a(), y), rnp.not_equal(a(), y),
+            rnp.minimum(a(), y), rnp.mod(a(), y), a() // y,  # float floor_divide; integers: div
+            rnp.equal(a(), y), rnp.not_equal(a(), y),
             rnp.less(a(), y), rnp.less_equal(a(), y), rnp.greater(a(), y),
             rnp.greater_equal(a(), y), rnp.where(a() > y, a(), y),
             rnp.broadcast_to(a()[0], (4, 3)) * y,  # broadcasting inside a kernel

@@ -83,6 +83,8 @@ case("floor_divide", rnp.floor_divide, np.floor_divide, In((2, 3), I64, "int"),
      In((3,), I64, "away0"))
 case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), I32, "int"),
      In((2, 3), I32, "away0"), label="operator")
+case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), F64, "real"),
+     In((3,), F64, "away0"), label="float", grad=False)
 
 # integer edges, every pair of (0, +-1, 7, -7, MIN, MAX) (a (7, 1) by a (1, 7) grid): NumPy
 # gives 0 for x // 0 and x % 0 (with a warning) and wraps MIN // -1, -MIN and abs(MIN); XLA's

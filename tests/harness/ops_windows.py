@@ -131,6 +131,71 @@ case("meshgrid", lambda a, b: rnp.meshgrid(a, b, indexing="ij", sparse=True),
 case("full_like", lambda x: rnp.full_like(x, 2.5) + x, lambda x: np.full_like(x, 2.5) + x,
      In((2, 3)))
 case("full_like", lambda x: rnp.full_like(x, 2.5), lambda x: np.full_like(x, 2.5), In((3,), I32))
+case("empty_like", lambda x: rnp.empty_like(x, np.int32), lambda x: np.zeros_like(x, np.int32),
+     In((2, 3)), grad=False)
+
+
+def _padded(values, size, fill):
+    """NumPy's result cut or padded to ``size`` (what ``size=``/``fill_value=`` give)."""
+    values = np.asarray(values)[:size]
+    return np.concatenate([values, np.full(size - values.size, fill, values.dtype)])
+
+
+# data-dependent sizes: traced, a static size= (tests/api/test_sets.py: eager answers, padding)
+case("unique", lambda x: rnp.unique(x, size=7, fill_value=-9),
+     lambda x: _padded(np.unique(x), 7, -9), In((3, 4), I64, "int"))
+case("unique", lambda x: rnp.unique(x, size=6), np.unique, In((6,)))  # distinct: a sort
+case("unique_values", lambda x: rnp.unique_values(x, size=6), np.unique, In((2, 3)))
+case("unique_counts+unique_inverse+unique_all",
+     lambda x: (*rnp.unique_counts(x, size=5), *rnp.unique_inverse(x, size=5),
+                *rnp.unique_all(x, size=5)),
+     lambda x: (*(_padded(v, 5, np.unique(x)[0] if i % 2 == 0 else 0) for i, v in
+                  enumerate(np.unique_counts(x))),
+                _padded(np.unique(x), 5, np.unique(x)[0]), np.unique_inverse(x)[1],
+                *(v if i == 2 else _padded(v, 5, np.unique(x)[0] if i == 0 else 0) for i, v
+                  in enumerate(np.unique_all(x)))), In((2, 4), I32, "int"), grad=False)
+case("nonzero", lambda x: rnp.nonzero(x, size=8),
+     lambda x: tuple(_padded(i, 8, 0) for i in np.nonzero(x)), In((2, 5), I64, "int"))
+# rnp.linalg's primitives (tests/api/test_linalg.py: every function, tall/wide/batched, norms)
+_I3 = 3.0 * np.eye(3)
+case("linalg.solve+inv", lambda a, b: (rnp.linalg.solve(a + _I3, b), rnp.linalg.inv(a + _I3)),
+     lambda a, b: (np.linalg.solve(a + _I3, b), np.linalg.inv(a + _I3)), In((2, 3, 3)),
+     In((2, 3, 2)))
+case("linalg.cholesky+eigh", lambda a: (rnp.linalg.cholesky(a @ a.mT + _I3),
+                                        *rnp.linalg.eigh(a @ a.mT + _I3)),
+     lambda a: (np.linalg.cholesky(a @ a.mT + _I3), *np.linalg.eigh(a @ a.mT + _I3)),
+     In((3, 3)), grad=False)  # (eigenvectors: signs are LAPACK's; test_linalg.py has grads)
+case("linalg.qr+svd", lambda a: (*rnp.linalg.qr(a), rnp.linalg.svdvals(a),
+                                 rnp.linalg.svd(a, False).U ** 2),
+     lambda a: (*np.linalg.qr(a), np.linalg.svd(a, compute_uv=False),
+                np.linalg.svd(a, False)[0] ** 2), In((4, 3)))
+case("linalg.det+slogdet", lambda a: (rnp.linalg.det(a + _I3), *rnp.linalg.slogdet(a + _I3)),
+     lambda a: (np.linalg.det(a + _I3), *np.linalg.slogdet(a + _I3)), In((2, 3, 3)))
+# the Array API's spellings and compositions (replicate/numpy/_namespace.py)
+for _name, _np_name, _dom in (("acos", "arccos", "unit"), ("asin", "arcsin", "unit"),
+                              ("atan", "arctan", "real"), ("acosh", "arccosh", "above1"),
+                              ("asinh", "arcsinh", "real"), ("atanh", "arctanh", "unit")):
+    case(_name, getattr(rnp, _name), getattr(np, _np_name), In((2, 3), F64, _dom))
+case("atan2", rnp.atan2, np.arctan2, In((2, 3)), In((3,), F64, "away0"))
+case("pow", rnp.pow, np.power, In((2, 3), F64, "positive"), In((3,)))
+case("bitwise_invert", rnp.bitwise_invert, np.invert, In((4,), I32, "int"), grad=False)
+case("isnan+isinf", lambda x: (rnp.isnan(x / x), rnp.isinf(1.0 / x)),
+     lambda x: (np.isnan(x / x), np.isinf(1.0 / x)), In((2, 3), F64, "int"), grad=False)
+case("isnan+isinf", lambda x: (rnp.isnan(x), rnp.isinf(x)), lambda x: (np.isnan(x), np.isinf(x)),
+     In((3,), I32, "int"), grad=False)
+case("logical_xor+all+any", lambda a, b: (rnp.logical_xor(a, b), rnp.all(a, axis=1),
+                                          rnp.any(b, axis=0, keepdims=True), rnp.all(a[:0])),
+     lambda a, b: (np.logical_xor(a, b), np.all(a, axis=1), np.any(b, axis=0, keepdims=True),
+                   np.all(a[:0])), In((2, 3), I64, "int"), In((3,), F64, "int"), grad=False)
+case("cumulative_sum", lambda x: rnp.cumulative_sum(x, axis=1, include_initial=True),
+     lambda x: np.cumulative_sum(x, axis=1, include_initial=True), In((2, 3)))
+case("unstack", lambda x: rnp.unstack(x, axis=1), lambda x: np.unstack(x, axis=1), In((2, 3)))
+case("tensordot", lambda a, b: rnp.tensordot(a, b, axes=([0, 2], [1, 0])),
+     lambda a, b: np.tensordot(a, b, axes=([0, 2], [1, 0])), In((2, 3, 4)), In((4, 2, 5)))
+case("tensordot", rnp.tensordot, np.tensordot, In((2, 3, 4)), In((3, 4)), label="axes=2")
+case("finfo+iinfo+isdtype", lambda x: x * rnp.finfo(x).eps + rnp.iinfo(np.int8).max
+     + rnp.isdtype(x.dtype, ("integral", "real floating")),
+     lambda x: x * np.finfo(x.dtype).eps + np.iinfo(np.int8).max + 1, In((3,)), grad=False)
 case("broadcast_arrays", lambda a, b: rnp.broadcast_arrays(a, b),
      lambda a, b: np.broadcast_arrays(a, b), In((2, 1)), In((3,)))
 case("result_type", lambda x: rnp.astype(x, rnp.result_type(x, np.float32, 1.0)),
