@@ -115,9 +115,10 @@ def numpy_loss(p, ids, targets, cfg):
 
 
 # -- replicate ------------------------------------------------------------------------------------
-def replicate_model(cfg):
+def replicate_model(cfg, remat=False):
     """The GPT as rp.nn modules, attention by ``rp.nn.scaled_dot_product_attention`` (the
-    ``attention_weights`` primitive and one matmul)."""
+    ``attention_weights`` primitive and one matmul); ``remat``: each block under ``rp.remat``
+    (its activations computed again in the backward pass)."""
     import replicate as rp
     import replicate.numpy as rnp
 
@@ -163,7 +164,8 @@ def replicate_model(cfg):
         def forward(self, ids):
             x = self.wte(ids) + self.wpe(rnp.arange(ids.shape[1]))
             for i in range(cfg["layers"]):
-                x = getattr(self, f"h{i}")(x)
+                block = getattr(self, f"h{i}")
+                x = (rp.remat(block) if remat else block)(x)
             return self.head(self.lnf(x))
 
     return GPT()
@@ -173,10 +175,10 @@ def _rp_name(name):
     return name.replace(".attn.", ".attn_.attn.").replace(".proj.", ".attn_.proj.")
 
 
-def replicate_step(cfg, params, mode, backend):
+def replicate_step(cfg, params, mode, backend, remat=False):
     import replicate as rp
 
-    model = replicate_model(cfg)
+    model = replicate_model(cfg, remat)
     mine = model.parameters()
     assert set(mine) == {_rp_name(n) for n in params}, sorted(mine)
     for name, value in params.items():
