@@ -19,6 +19,10 @@ round (bench/_common.py ``measure_many``), each worker 1 thread pinned to one co
     python bench/transformer.py --size both       # the table
     python bench/transformer.py --quick            # smoke run (small size, few rounds)
     python bench/transformer.py --profile          # where the small graph-NumPy step's time goes
+    python bench/transformer.py --remat --size both  # rp.remat per block against none (issue 33)
+
+``--remat``: the replicate rows only, each with every block under ``rp.remat`` and without, with
+the NumPy backend's planned bytes (``graph.meta.memory_plan``).
 """
 
 from __future__ import annotations
@@ -115,9 +119,10 @@ def numpy_loss(p, ids, targets, cfg):
 
 
 # -- replicate ------------------------------------------------------------------------------------
-def replicate_model(cfg):
+def replicate_model(cfg, remat=False):
     """The GPT as rp.nn modules, attention by ``rp.nn.scaled_dot_product_attention`` (the
-    ``attention_weights`` primitive and one matmul)."""
+    ``attention_weights`` primitive and one matmul); ``remat``: each block under ``rp.remat``
+    (its activations computed again in the backward pass)."""
     import replicate as rp
     import replicate.numpy as rnp
 
@@ -163,7 +168,8 @@ def replicate_model(cfg):
         def forward(self, ids):
             x = self.wte(ids) + self.wpe(rnp.arange(ids.shape[1]))
             for i in range(cfg["layers"]):
-                x = getattr(self, f"h{i}")(x)
+                block = getattr(self, f"h{i}")
+                x = (rp.remat(block) if remat else block)(x)
             return self.head(self.lnf(x))
 
     return GPT()
@@ -173,10 +179,10 @@ def _rp_name(name):
     return name.replace(".attn.", ".attn_.attn.").replace(".proj.", ".attn_.proj.")
 
 
-def replicate_step(cfg, params, mode, backend):
+def replicate_step(cfg, params, mode, backend, remat=False):
     import replicate as rp
 
-    model = replicate_model(cfg)
+    model = replicate_model(cfg, remat)
     mine = model.parameters()
     assert set(mine) == {_rp_name(n) for n in params}, sorted(mine)
     for name, value in params.items():
@@ -336,6 +342,29 @@ def _with_timeout(seconds, fn):
 
 
 # -- the worker -----------------------------------------------------------------------------------
+def remat_builders(cfg, params, ids, targets, planned):
+    """The replicate rows without and with ``rp.remat`` per block; ``planned``: row name -> the
+    NumPy backend's planned bytes, filled as the graph rows are built."""
+    out = {}
+    for mode, backend in (("graph", "numpy"), ("graph", "jax"), ("eager", "numpy")):
+        for remat in (False, True):
+            name = (f"replicate graph {backend}" if mode == "graph" else "replicate eager "
+                    "(numpy)") + (", rp.remat per block" if remat else "")
+
+            def build(mode=mode, backend=backend, remat=remat, name=name):
+                f = replicate_step(cfg, params, mode, backend, remat)
+                if mode == "graph" and backend == "numpy":  # compiled now, not run
+                    planned[name] = f.executable(ids, targets).graph.meta.memory_plan.nbytes
+                return lambda: f(ids, targets), None
+            out[name] = (C.backend_unavailable(backend) if mode == "graph" else None) or build
+    # what one block's activations take in the plain plan: the same GPT with a block fewer
+    fewer = dict(cfg, layers=cfg["layers"] - 1)
+    kept = {n: v for n, v in params.items() if not n.startswith(f"h{fewer['layers']}.")}
+    f = replicate_step(fewer, kept, "graph", "numpy")
+    planned["a block fewer"] = f.executable(ids, targets).graph.meta.memory_plan.nbytes
+    return out
+
+
 def builders(cfg, params, ids, targets):
     out = {}
     bind = lambda f: (lambda: f(ids, targets))  # noqa: E731
@@ -377,7 +406,7 @@ def builders(cfg, params, ids, targets):
     return out
 
 
-def bench_size(size, quick):
+def bench_size(size, quick, remat=False):
     import numpy as np
 
     cfg = SIZES[size]
@@ -391,13 +420,16 @@ def bench_size(size, quick):
         print(f"[bench] {size}: {name:26s} first loss {loss:.6f}", file=sys.stderr, flush=True)
         if not abs(loss - ref) <= LOSS_TOL * abs(ref):
             raise AssertionError(f"first loss {loss:.6f} differs from the reference {ref:.6f}")
-        return {"first_loss": loss}
+        return {"first_loss": loss, "planned": planned.get(name)}
 
     warmup, rounds = (1, 3) if quick else (3, 20 if size == "small" else 10)
-    rows = C.measure_many(builders(cfg, params, ids, targets), warmup=warmup, rounds=rounds,
+    planned = {}
+    rows = C.measure_many(remat_builders(cfg, params, ids, targets, planned) if remat else
+                          builders(cfg, params, ids, targets), warmup=warmup, rounds=rounds,
                           max_seconds=30 if quick else (150 if size == "small" else 300),
                           extra_fn=check)
-    return {"reference_loss": ref, "rows": [r.as_dict() for r in rows]}
+    return {"reference_loss": ref, "rows": [r.as_dict() for r in rows],
+            "planned_block_fewer": planned.get("a block fewer")}
 
 
 def worker(args):
@@ -405,7 +437,7 @@ def worker(args):
     if args.profile:
         return C.write_worker_json(args.json, profile(args.quick))
     sizes = ["small", "large"] if args.size == "both" else [args.size]
-    C.write_worker_json(args.json, {s: bench_size(s, args.quick) for s in sizes})
+    C.write_worker_json(args.json, {s: bench_size(s, args.quick, args.remat) for s in sizes})
 
 
 # -- where the small graph-NumPy step's time goes --------------------------------------------------
@@ -483,6 +515,39 @@ TITLE = {"small": "small GPT (d=64, 2 layers, 4 heads, context 64, vocab 95, bat
          "large": "large GPT (d=256, 4 layers, 4 heads, context 128, vocab 95, batch 16)"}
 
 
+def report_remat(results, command):
+    parts = [C.header("Transformer step with rp.remat per block (issue 33)", command)]
+    for threads, res in sorted(results.items()):
+        for size, r in res.items():
+            rows = C.rows_from(r["rows"])
+            by = {x.name: x for x in rows}
+            cells, planned = [], {x.name: (x.extra or {}).get("planned") for x in rows}
+            for x in rows:
+                plain = by.get(x.name.replace(", rp.remat per block", ""))
+                mib = (x.extra or {}).get("planned")
+                cells.append([x.name, f"{mib / 2**20:.1f}" if mib else "—",
+                              x.timing.ms() if x.timing else "n/a",
+                              f"{x.timing.min * 1e3:.2f}" if x.timing else "", x.timing.n if
+                              x.timing else "", C.ratio(x.timing, plain.timing) if plain is not x
+                              else "—", f"{x.extra['first_loss']:.6f}" if x.extra else "",
+                              C.note(x)])
+            plain, remat = (planned.get("replicate graph numpy" + s) for s in
+                            ("", ", rp.remat per block"))
+            block = plain - r["planned_block_fewer"] if plain else None
+            saved = (f"rp.remat saves {(plain - remat) / 2**20:.1f} MiB of the plan: "
+                     f"{(plain - remat) / block:.2f} blocks' worth (a block's activations in the "
+                     f"plain plan, {block / 2**20:.1f} MiB: the planned bytes less those of the "
+                     "same GPT with a block fewer)\n\n") if plain and remat and block else ""
+            parts.append(
+                f"### {TITLE[size]}, AdamW step, float32; {threads} thread(s)\n\n" + saved +
+                C.table(["implementation", "planned MiB (NumPy plan)", "median ms/step",
+                         "min ms", "rounds", "vs without remat", "first loss", "note"], cells)
+                + "\n")
+    text = "\n".join(parts)
+    print(text)
+    return text
+
+
 def report(results, command):
     parts = [C.header("Transformer step (issue 29)", command)]
     for threads, res in sorted(results.items()):
@@ -516,23 +581,25 @@ def main(argv=None):
     ap.add_argument("--size", default="both", choices=("small", "large", "both"))
     ap.add_argument("--profile", action="store_true",
                     help="where the small GPT's graph-mode NumPy step spends its time")
+    ap.add_argument("--remat", action="store_true",
+                    help="the replicate rows with rp.remat per block and without")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
     if args.quick and "--size" not in (argv if argv is not None else sys.argv[1:]):
         args.size = "small"
     threads = [int(t) for t in args.threads.split(",")]
-    extra = (["--quick"] if args.quick else []) + (
+    extra = (["--quick"] if args.quick else []) + (["--remat"] if args.remat else []) + (
         ["--profile"] if args.profile else ["--size", args.size])
     results = C.run_workers(os.path.abspath(__file__), threads, extra)
     command = "python bench/transformer.py" + "".join(f" {a}" for a in extra) + (
         f" --threads {args.threads}" if args.threads != "1" else "")
     if args.profile:
         return report_profile(results, command)
-    text = report(results, command)
+    text = (report_remat if args.remat else report)(results, command)
     if not args.quick:
-        C.save_json("transformer", {"machine": C.machine(), "results": results,
-                                    "markdown": text})
+        C.save_json("transformer_remat" if args.remat else "transformer",
+                    {"machine": C.machine(), "results": results, "markdown": text})
     return text
 
 

@@ -43,6 +43,7 @@ from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .graph.devices import logical_device
 from .optim import wrap_optimizer
+from .remat import remat
 from .runtime import ActorContext, ActorLearner, Replicator
 from .runtime.communication import host
 from .runtime.communication.host import barrier, is_main_process, process_count, process_index
@@ -74,5 +75,5 @@ __all__ = [
     "ReplicaContextError", "ConfigMismatchError", "custom_vjp", "stop_gradient", "autocast",
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
-    "process_index", "ActorLearner", "ActorContext", "ActorError", "profile",
+    "process_index", "ActorLearner", "ActorContext", "ActorError", "profile", "remat",
 ]

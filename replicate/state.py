@@ -54,7 +54,11 @@ _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # creation o
 #   variable read there, where the value may be steps old;
 # * ``hooks.values``: this thread's own values of some variables, ``{id(var): array}``: an actor
 #   thread (runtime/actors/pool.py) acts with a published copy of the parameters while the learner
-#   updates the variables themselves; eager reads, ``numpy()`` and compiled calls see these.
+#   updates the variables themselves; eager reads, ``numpy()`` and compiled calls see these;
+# * ``hooks.region``: an ``rp.remat`` region (``remat.py``) being run or recomputed, innermost
+#   (it hands on to the one outside): it hears each read with the value, and may give another
+#   (a recomputation reads what the forward read), and each assign, which it may keep (a
+#   recomputation does not assign again).
 hooks = threading.local()
 
 
@@ -223,6 +227,10 @@ class Variable:
         """The current value as an Array (a graph input when traced)."""
         for observe in getattr(hooks, "observers", ()):
             observe(self)
+        region = getattr(hooks, "region", None)
+        return self._read() if region is None else region.read(self, self._read)
+
+    def _read(self) -> Array:
         trace = current_trace()
         if trace is not None:
             return trace.read_variable(self)
@@ -249,6 +257,9 @@ class Variable:
                 f"assign to variable {self.name!r}: shape {new.shape} != {self.shape}")
         if new.dtype != self.value.dtype:
             new = cast(new, self.value.dtype)
+        region = getattr(hooks, "region", None)
+        if region is not None and region.assign(self, new):
+            return
         trace = current_trace()
         if trace is not None:
             trace.write_variable(self, new)

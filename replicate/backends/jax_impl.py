@@ -316,6 +316,8 @@ JAX = reference.table(jnp, "jax", {
     "cast": _cast,
     "logistic": jax.nn.sigmoid,
     "stop_gradient": jnp.asarray,  # JAX never differentiates here: the IR has the gradient
+    # rp.remat: XLA merges equal ops too; the barrier keeps the recomputation its own
+    "remat_barrier": lambda x, after: lax.optimization_barrier((x, after))[0],
     "scatter_add": _scatter_add,
     "erf": lax.erf,
     "cumsum": _scan(lax.cumsum),

@@ -33,10 +33,14 @@ class MemoryPlan:
     part: dict = field(default_factory=dict)
     done: set = field(default_factory=set)       # concatenations whose parts are all in place
 
+    @property
+    def nbytes(self) -> int:
+        """The planned buffers' bytes: allocated once, what the plan holds at its peak."""
+        return sum(_nbytes(s, d) for s, d in self.buffers)
+
     def __str__(self) -> str:
-        total = sum(_nbytes(s, d) for s, d in self.buffers)
         return (f"memory plan: {len(self.slot)} values in {len(self.buffers)} buffers "
-                f"({total / 2**20:.1f} MiB), {self.in_place} in place, "
+                f"({self.nbytes / 2**20:.1f} MiB), {self.in_place} in place, "
                 f"{len(self.done)} concatenations written in place")
 
 

@@ -28,14 +28,15 @@ def _as_target(x) -> Array:
                          "pass Arrays or Variables")
 
 
-def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
-    """Arrays reachable backwards from y in topological order, and which depend on a target."""
+def _topo_order(roots: list, targets: set, stop=frozenset()) -> tuple[list, dict]:
+    """Arrays reachable backwards from ``roots`` in topological order, and which depend on a
+    target; the walk does not go past the values in ``stop``."""
     order, relevant, seen = [], {}, set()
-    stack = [(y, False)]
+    stack = [(y, False) for y in reversed(roots)]
     while stack:
         a, expanded = stack.pop()
         if expanded:
-            deps = a.node.inputs if a.node is not None else ()
+            deps = a.node.inputs if a.node is not None and a.id not in stop else ()
             relevant[a.id] = a.id in targets or any(relevant.get(i.id, False) for i in deps)
             order.append(a)
             continue
@@ -43,7 +44,7 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
             continue
         seen.add(a.id)
         stack.append((a, True))
-        if a.node is not None:
+        if a.node is not None and a.id not in stop:
             for i in a.node.inputs:
                 if i.id not in seen:
                     stack.append((i, False))
@@ -53,14 +54,23 @@ def _topo_order(y: Array, targets: set) -> tuple[list, dict]:
 def backward(y: Array, xs: list, y_grad: Array) -> list:
     """Cotangents of ``xs`` given the cotangent ``y_grad`` of ``y`` (None where unconnected)."""
     with backward_pass(xs):  # (model parallelism: each gradient on the device of its op)
-        return _backward(y, xs, y_grad)
+        return _backward([y], xs, [y_grad])
 
 
-def _backward(y: Array, xs: list, y_grad: Array) -> list:
+def backward_region(ys: list, xs: list, y_grads: list, inputs: list) -> list:
+    """Cotangents of ``xs`` given those of the outputs ``ys`` of a region whose inputs are
+    ``inputs`` (``xs`` among them): the walk stops there (``rp.remat``'s recomputation, inside
+    the backward pass of the step)."""
+    return _backward(ys, xs, y_grads, frozenset(x.id for x in inputs))
+
+
+def _backward(ys: list, xs: list, y_grads: list, stop=frozenset()) -> list:
     placing = getattr(current_trace(), "placement", None) is not None
     targets = {x.id for x in xs}
-    order, relevant = _topo_order(y, targets)
-    cts = {y.id: y_grad}
+    order, relevant = _topo_order(ys, targets, stop)
+    cts = {}
+    for y, y_grad in zip(ys, y_grads):
+        cts[y.id] = y_grad if y.id not in cts else add(cts[y.id], y_grad)
     for a in reversed(order):
         # a cotangent is used once, here (eager: its array goes now, not at the end of the pass)
         g = cts.get(a.id) if a.id in targets else cts.pop(a.id, None)
@@ -150,4 +160,4 @@ def value_and_grad(fn, wrt=None, has_aux=False):
     return wrapped
 
 
-__all__ = ["grad", "value_and_grad", "backward", "np"]
+__all__ = ["grad", "value_and_grad", "backward", "backward_region", "np"]

@@ -32,8 +32,8 @@ from .printer import format_graph
 from .reference import IMPL
 
 __all__ = ["AVal", "Array", "Graph", "GraphMeta", "Node", "bind", "concrete", "current_trace",
-           "dtype_short", "numpy_array_ufunc", "numpy_function_error", "register_op_namespace",
-           "set_trace"]
+           "dtype_short", "next_id", "numpy_array_ufunc", "numpy_function_error",
+           "register_op_namespace", "set_trace"]
 
 
 _ids = itertools.count()
@@ -318,6 +318,12 @@ def set_trace(trace):
     previous = current_trace()
     _local.trace = trace
     return previous
+
+
+def next_id() -> int:
+    """An id no Array has yet: every Array made after this call has a larger one (``rp.remat``
+    tells the values a function made from those it was given or found)."""
+    return next(_ids)
 
 
 def concrete(value, dtype=None) -> Array:

@@ -219,6 +219,16 @@ declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, alias=True, 
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
 declare("custom_vjp", STRUCTURAL, lambda value, *args, rule: value, alias=True)
+# rp.remat (``replicate/remat.py``): "remat" is custom_vjp's kind of node (the value passes
+# through, the gradient comes from ``rule``: fn run again); "remat_barrier" is the recomputation's
+# copy of one input of the region (a view of it), taken after ``after``, the cotangent that starts
+# the region's backward pass. The copy is a new value, so CSE, which merges equal ops on equal
+# inputs, cannot merge the recomputation back into the forward values it repeats (which would keep
+# them alive until the backward pass: no saving), and ``after`` keeps it from being computed
+# before the backward pass reaches the region (the JAX backend makes it an optimization_barrier,
+# so XLA does not merge them either)
+declare("remat", STRUCTURAL, lambda value, *args, rule: value, alias=True)
+declare("remat_barrier", STRUCTURAL, lambda x, after: x, alias=True)
 
 for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     declare(_name, REDUCTION, _reduce_nonempty if _name in ("reduce_max", "reduce_min")

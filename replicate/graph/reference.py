@@ -194,6 +194,8 @@ ROWS = {
     "cast": lambda xp: lambda x, dtype: xp.asarray(x).astype(dtype),
     "stop_gradient": lambda xp: lambda x: x,
     "custom_vjp": lambda xp: lambda value, *args, rule: value,
+    "remat": lambda xp: lambda value, *args, rule: value,
+    "remat_barrier": lambda xp: lambda x, after: x,
     "reduce_sum": lambda xp: lambda x, axes: xp.sum(x, axis=axes),
     "reduce_prod": lambda xp: lambda x, axes: xp.prod(x, axis=axes),
     "reduce_max": lambda xp: lambda x, axes: xp.max(x, axis=axes),

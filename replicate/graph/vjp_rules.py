@@ -232,8 +232,16 @@ def _custom_vjp(g, out, needs, value, *args, rule):
     return (None, *rule.cotangents(g, needs[1:], args))
 
 
+def _remat(g, out, needs, value, *args, rule):
+    """``rp.remat``: the function run again on copies of its inputs, and walked back (the
+    forward's internals, the value's own graph, are never entered)."""
+    return (None, *rule.cotangents(g, needs[1:], args))
+
+
 VJP = RuleTable("vjp", {
     "custom_vjp": _custom_vjp,
+    "remat": _remat,
+    "remat_barrier": lambda g, out, needs, x, after: (g, None),
     "neg": _unary(lambda g, out, x: -g),
     "abs": _unary(lambda g, out, x: g * rnp.sign(x)),
     "exp": _unary(lambda g, out, x: g * out),
