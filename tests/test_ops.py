@@ -776,6 +776,8 @@ def _twice(x):
 _twice.defvjp(lambda x: (_twice(x), None), lambda residuals, g: (g * 2.0,))
 case("custom_vjp", _twice, lambda x: x * 2.0, In((2, 3), F64))
 case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
+# rp.remat: the remat node and, in its gradient, the remat_barrier copies (on every backend)
+case("remat", rp.remat(lambda x: rnp.sin(x) * x), lambda x: np.sin(x) * x, In((2, 3), F64))
 
 
 # -- everyday ops (issue 16): rounding, mod, erf, scans, sorting, rearranging ---------------------
