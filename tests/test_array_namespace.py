@@ -1,5 +1,5 @@
 """``rnp`` as an Array API namespace: ``__array_namespace__``, the array attributes the standard
-names, the dtype queries and the inspection namespace (bench/array_api.sh runs the outside suite)."""
+names, the dtype queries, the inspection namespace (bench/array_api.sh runs the outside suite)."""
 
 from __future__ import annotations
 

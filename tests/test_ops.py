@@ -773,20 +773,29 @@ case("unique_counts+unique_inverse+unique_all",
 case("nonzero", lambda x: rnp.nonzero(x, size=8),
      lambda x: tuple(_padded(i, 8, 0) for i in np.nonzero(x)), In((2, 5), I64, "int"))
 # rnp.linalg's primitives (tests/test_linalg.py: every function, tall/wide/batched, norms)
-_I3 = 3.0 * np.eye(3)
-case("linalg.solve+inv", lambda a, b: (rnp.linalg.solve(a + _I3, b), rnp.linalg.inv(a + _I3)),
-     lambda a, b: (np.linalg.solve(a + _I3, b), np.linalg.inv(a + _I3)), In((2, 3, 3)),
-     In((2, 3, 2)))
-case("linalg.cholesky+eigh", lambda a: (rnp.linalg.cholesky(a @ a.mT + _I3),
-                                        *rnp.linalg.eigh(a @ a.mT + _I3)),
-     lambda a: (np.linalg.cholesky(a @ a.mT + _I3), *np.linalg.eigh(a @ a.mT + _I3)),
+
+
+def _i3(a, xp):
+    """3 I in ``a``'s dtype (a float64 constant would make a low-precision case float64)."""
+    return 3.0 * xp.eye(3, dtype=a.dtype)
+
+
+case("linalg.solve+inv", lambda a, b: (rnp.linalg.solve(a + _i3(a, rnp), b),
+                                      rnp.linalg.inv(a + _i3(a, rnp))),
+     lambda a, b: (np.linalg.solve(a + _i3(a, np), b), np.linalg.inv(a + _i3(a, np))),
+     In((2, 3, 3)), In((2, 3, 2)))
+case("linalg.cholesky+eigh", lambda a: (rnp.linalg.cholesky(a @ a.mT + _i3(a, rnp)),
+                                        *rnp.linalg.eigh(a @ a.mT + _i3(a, rnp))),
+     lambda a: (np.linalg.cholesky(a @ a.mT + _i3(a, np)), *np.linalg.eigh(a @ a.mT + _i3(a, np))),
      In((3, 3)), grad=False)  # (eigenvectors: signs are LAPACK's; test_linalg.py has grads)
 case("linalg.qr+svd", lambda a: (*rnp.linalg.qr(a), rnp.linalg.svdvals(a),
                                  rnp.linalg.svd(a, False).U ** 2),
      lambda a: (*np.linalg.qr(a), np.linalg.svd(a, compute_uv=False),
                 np.linalg.svd(a, False)[0] ** 2), In((4, 3)))
-case("linalg.det+slogdet", lambda a: (rnp.linalg.det(a + _I3), *rnp.linalg.slogdet(a + _I3)),
-     lambda a: (np.linalg.det(a + _I3), *np.linalg.slogdet(a + _I3)), In((2, 3, 3)))
+case("linalg.det+slogdet", lambda a: (rnp.linalg.det(a + _i3(a, rnp)),
+                                      *rnp.linalg.slogdet(a + _i3(a, rnp))),
+     lambda a: (np.linalg.det(a + _i3(a, np)), *np.linalg.slogdet(a + _i3(a, np))),
+     In((2, 3, 3)))
 # the Array API's spellings and compositions (replicate/numpy/_namespace.py)
 for _name, _np_name, _dom in (("acos", "arccos", "unit"), ("asin", "arcsin", "unit"),
                               ("atan", "arctan", "real"), ("acosh", "arccosh", "above1"),
