@@ -1,6 +1,7 @@
 """Nests of arrays: flatten to a list of leaves and a hashable structure, and back.
 
-A nest is a dict (keys sorted), list or tuple of nests, or a leaf (anything else).
+A nest is a dict (keys sorted), list, tuple or named tuple of nests (a named tuple comes back as
+its own type: ``rnp.linalg.qr``'s ``QRResult``), or a leaf (anything else).
 
 >>> leaves, treedef = flatten({"b": [1, 2], "a": 3})
 >>> leaves
@@ -25,7 +26,9 @@ def _walk(x, leaves: list):
     if isinstance(x, dict):
         keys = sorted(x)
         return ("dict", tuple(keys), tuple(_walk(x[k], leaves) for k in keys))
-    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple: rebuilt as its type
+        return ("namedtuple", type(x), tuple(_walk(v, leaves) for v in x))
+    if isinstance(x, (list, tuple)):
         return (type(x).__name__, len(x), tuple(_walk(v, leaves) for v in x))
     if x is None:
         return ("none",)
@@ -48,6 +51,8 @@ def _build(t, it):
     if kind == "none":
         return None
     items = [_build(s, it) for s in t[2]]
+    if kind == "namedtuple":
+        return t[1](*items)
     return items if kind == "list" else tuple(items)
 
 

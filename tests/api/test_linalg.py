@@ -160,3 +160,13 @@ def test_numpys_errors_and_the_unsupported():
         rp.function(lambda x: rp.grad(rnp.sum(L.qr(x).Q), x))(np.ones((2, 3)))
     with pytest.raises(rp.ShapeError, match="full_matrices=False"):
         rp.function(lambda x: rp.grad(rnp.sum(L.svd(x).U), x))(rng.standard_normal((3, 2)))
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_named_tuple_result_keeps_its_type_in_every_mode(mode):
+    """``qr``'s ``QRResult`` comes back as a ``QRResult`` (it was one stacked array in eager mode:
+    the nest walker took a named tuple for a leaf)."""
+    a = np.random.default_rng(5).normal(size=(4, 3))
+    got = rp.function(lambda a: rnp.linalg.qr(a), mode=mode)(a)
+    assert type(got).__name__ == "QRResult" and got._fields == ("Q", "R")
+    np.testing.assert_allclose(got.Q @ got.R, a, atol=1e-12)
