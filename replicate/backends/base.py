@@ -175,17 +175,21 @@ class Executable:
         return outs if self.device is None else self.device.to_host_many(outs)
 
 
+def kernel_name(node) -> str:
+    """A node's name as a kernel: its primitive, a fused group with the ops inside."""
+    return "fused[" + ",".join(node.attrs["body"].prims) + "]" if node.prim == "fused" \
+        else node.prim
+
+
 def profile_label(node):
     """``(name, kind, line)`` of a node for the profiler (None: no work of its own — a
     constant, an alias); kind: compute, communication or wait."""
     spec = REGISTRY[node.prim]
     if spec.kind == SOURCE or spec.alias:
         return None
-    name = "fused[" + ",".join(node.attrs["body"].prims) + "]" if node.prim == "fused" \
-        else node.prim
     kind = "wait" if node.prim == "comm_wait" else "communication" if spec.exchange else \
         "compute"
-    return name, kind, source_line(node.where) if node.where else ""
+    return kernel_name(node), kind, source_line(node.where) if node.where else ""
 
 
 def profiled_bytes(kind, values) -> dict:

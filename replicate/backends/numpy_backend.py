@@ -18,7 +18,7 @@ from ..graph.interpret import note_failure
 from ..graph.passes import Pass
 from ..graph.primitives import REGISTRY, SOURCE
 from ..graph.reference import IMPL, _logistic_np
-from .base import Executable, profile_label, profiled_bytes
+from .base import Executable, kernel_name, profile_label, profiled_bytes
 from .numpy_memory import memory, plan_memory
 
 name = "numpy"
@@ -268,13 +268,6 @@ def lower(graph):
 def kernels(graph) -> list[str]:
     """What a call launches: one entry per fused group or compute op (views, constants and
     communication are not kernels)."""
-    out = []
-    for node in graph.nodes:
-        spec = REGISTRY[node.prim]
-        if spec.kind == SOURCE or spec.host or spec.alias:  # (an alias is never a copy)
-            continue
-        if node.prim == "fused":
-            out.append("fused[" + ",".join(node.attrs["body"].prims) + "]")
-        else:
-            out.append(node.prim)
-    return out
+    return [kernel_name(node) for node in graph.nodes
+            if not (REGISTRY[node.prim].kind == SOURCE or REGISTRY[node.prim].host
+                    or REGISTRY[node.prim].alias)]  # (an alias is never a copy)
