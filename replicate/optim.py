@@ -19,6 +19,7 @@ from .control import cond
 from .dependency import TraceKeyed
 from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
+from .graph.core import Array, current_trace
 from .state import Variable
 
 
@@ -30,6 +31,26 @@ def _params(params) -> tuple[list, object]:
         if not isinstance(p, Variable):
             raise ReplicateError(f"optimisers update Variables; got {type(p).__name__}")
     return leaves, treedef
+
+
+class _Traced:
+    """What ``update`` computes with in graph mode (and eager mode for other optimisers)."""
+    read = staticmethod(lambda var: var.read())
+    value = staticmethod(lambda x: x)
+    sqrt, power, where = staticmethod(rnp.sqrt), staticmethod(rnp.power), staticmethod(rnp.where)
+    cast = staticmethod(rnp.cast)
+
+
+class _Eager:
+    """... and in eager mode: the values as NumPy arrays (a Variable read through ``read``, so
+    every hook a read has still runs)."""
+    read = staticmethod(lambda var: var.read().value)
+    value = staticmethod(lambda x: x.value if isinstance(x, Array) else np.asarray(x))
+    sqrt, power, where = staticmethod(np.sqrt), staticmethod(np.power), staticmethod(np.where)
+    cast = staticmethod(lambda x, dtype: _Eager.value(x).astype(dtype, copy=False))
+
+
+_TRACED, _EAGER = _Traced, _Eager
 
 
 class Optimizer(TraceKeyed):
@@ -45,6 +66,11 @@ class Optimizer(TraceKeyed):
     — the parameter is that copy rounded, so small updates are not lost to rounding. A
     parameter assigned from outside (a checkpoint, pretrained weights) is noticed at the next
     update: its master copy restarts from it."""
+
+    # ``update`` is written with ``self.xp`` (``read``, ``sqrt``, ``power``, ``cast``, ``where``)
+    # and arithmetic, so eager mode may run it on NumPy arrays; a subclass whose ``update``
+    # uses ``replicate.numpy`` directly leaves this False and runs op by op in eager mode
+    eager_numpy = False
 
     def __init__(self, params, lr, master_weights: bool | None = None):
         self.params, self.treedef = _params(params)
@@ -77,24 +103,31 @@ class Optimizer(TraceKeyed):
             raise ReplicateError(f"{type(self).__name__}.apply: {len(leaves)} gradients for "
                                  f"{len(self.params)} parameters")
         self.traced_by()
-        step = self.step.read() + 1
+        # eager mode: the built-in updates run on the values as NumPy arrays — no tape (an
+        # update is never differentiated) and no per-op dispatch, the same ops in the same
+        # order as the compiled step, so the same values
+        xp = _EAGER if self.eager_numpy and current_trace() is None else _TRACED
+        self.xp = xp
+        step = xp.read(self.step) + 1
         self.step.assign(step)
         lr = self.lr_at(step)
+        if xp is _EAGER and not isinstance(lr, (int, float)):
+            lr = xp.value(rnp.as_array(lr))
         for i, (p, g) in enumerate(zip(self.params, leaves)):
-            g = rnp.as_array(g)
+            g = xp.value(rnp.as_array(g))
             if g.shape != p.shape:
                 raise ReplicateError(f"gradient for {p.name} has shape {g.shape}, parameter "
                                      f"{p.shape}")
             work = compute_dtype(p.dtype)
-            value = p.read()
+            value = xp.read(p)
             master = self.master[i]
             if master is not None:  # the float32 copy, unless p was assigned from outside
-                m = master.read()
-                value = rnp.where(rnp.cast(m, p.dtype) == value, m, rnp.cast(value, work))
-            new = self.update(i, rnp.cast(value, work), rnp.cast(g, work), lr, step)
+                m = xp.read(master)
+                value = xp.where(xp.cast(m, p.dtype) == value, m, xp.cast(value, work))
+            new = self.update(i, xp.cast(value, work), xp.cast(g, work), lr, step)
             if master is not None:
                 master.assign(new)
-            p.assign(rnp.cast(new, p.dtype))
+            p.assign(xp.cast(new, p.dtype))
 
     def update(self, i, p, g, lr, step):
         raise NotImplementedError
@@ -114,6 +147,8 @@ class Optimizer(TraceKeyed):
 class SGD(Optimizer):
     """Stochastic gradient descent with optional momentum, Nesterov and weight decay."""
 
+    eager_numpy = True
+
     def __init__(self, params, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
                  master_weights=None):
         super().__init__(params, lr, master_weights)
@@ -124,7 +159,7 @@ class SGD(Optimizer):
         if self.weight_decay:
             g = g + self.weight_decay * p
         if self.momentum:
-            v = self.momentum * self.velocity[i].read() + g
+            v = self.momentum * self.xp.read(self.velocity[i]) + g
             self.velocity[i].assign(v)
             g = g + self.momentum * v if self.nesterov else v
         return p - lr * g
@@ -132,6 +167,8 @@ class SGD(Optimizer):
 
 class Adam(Optimizer):
     """Adam (Kingma & Ba); with ``decoupled_weight_decay`` it is AdamW."""
+
+    eager_numpy = True
 
     def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
                  decoupled_weight_decay=False, master_weights=None):
@@ -143,17 +180,37 @@ class Adam(Optimizer):
     def update(self, i, p, g, lr, step):
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * p
-        m = self.b1 * self.m[i].read() + (1 - self.b1) * g
-        v = self.b2 * self.v[i].read() + (1 - self.b2) * g * g
+        xp = self.xp
+        m = self.b1 * xp.read(self.m[i]) + (1 - self.b1) * g
+        v = self.b2 * xp.read(self.v[i]) + (1 - self.b2) * (g * g)
         self.m[i].assign(m)
         self.v[i].assign(v)
-        t = rnp.cast(step, p.dtype)
-        m_hat = m / (1 - rnp.power(np.asarray(self.b1, p.dtype), t))
-        v_hat = v / (1 - rnp.power(np.asarray(self.b2, p.dtype), t))
-        new = p - lr * m_hat / (rnp.sqrt(v_hat) + self.eps)
-        if self.weight_decay and self.decoupled:
-            new = new - lr * self.weight_decay * p
-        return new
+        step_size, root2, keep = self._step_scalars(step, lr, p.dtype)
+        if keep is not None:  # decoupled weight decay: p (1 - lr wd)
+            p = p * keep
+        # PyTorch's order: lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        return p - m / (xp.sqrt(v) / root2 + self.eps) * step_size
+
+    def apply(self, grads) -> None:
+        try:
+            super().apply(grads)
+        finally:
+            self._scalars = None  # (holds this trace's values)
+
+    def _step_scalars(self, step, lr, dtype):
+        """The step's scalars (the bias corrections, the decay factor), made once per update
+        rather than once per parameter (eager mode runs every op; graph mode would merge them)."""
+        key = (step, lr, dtype)
+        cached = getattr(self, "_scalars", None)
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
+        xp = self.xp
+        t = xp.cast(step, dtype)
+        step_size = lr / (1 - xp.power(np.asarray(self.b1, dtype), t))
+        root2 = xp.sqrt(1 - xp.power(np.asarray(self.b2, dtype), t))
+        keep = 1 - lr * self.weight_decay if self.weight_decay and self.decoupled else None
+        self._scalars = (key, (step_size, root2, keep))
+        return self._scalars[1]
 
 
 class AdamW(Adam):
@@ -168,6 +225,8 @@ class AdamW(Adam):
 class RMSProp(Optimizer):
     """RMSProp (Hinton), optionally with momentum."""
 
+    eager_numpy = True
+
     def __init__(self, params, lr=1e-3, decay=0.9, eps=1e-8, momentum=0.0, master_weights=None):
         super().__init__(params, lr, master_weights)
         self.decay, self.eps, self.momentum = decay, eps, momentum
@@ -175,11 +234,12 @@ class RMSProp(Optimizer):
         self.mom = self.slot("mom") if momentum else []
 
     def update(self, i, p, g, lr, step):
-        ms = self.decay * self.ms[i].read() + (1 - self.decay) * g * g
+        xp = self.xp
+        ms = self.decay * xp.read(self.ms[i]) + (1 - self.decay) * g * g
         self.ms[i].assign(ms)
-        delta = lr * g / (rnp.sqrt(ms) + self.eps)
+        delta = lr * g / (xp.sqrt(ms) + self.eps)
         if self.momentum:
-            delta = self.momentum * self.mom[i].read() + delta
+            delta = self.momentum * xp.read(self.mom[i]) + delta
             self.mom[i].assign(delta)
         return p - delta
 

@@ -17,7 +17,7 @@ from .. import profile
 from ..graph.interpret import note_failure
 from ..graph.passes import Pass
 from ..graph.primitives import REGISTRY, SOURCE
-from ..graph.reference import IMPL, _logistic_np
+from ..graph.reference import IMPL, _logistic_np, stack_folds
 from .base import Executable, kernel_name, profile_label, profiled_bytes
 from .numpy_memory import memory, plan_memory
 
@@ -50,6 +50,13 @@ def _div(a, b, out):
     return np.floor_divide(a, b, out=out)
 
 
+def _matmul(a, b, out):
+    if out.flags.c_contiguous and stack_folds(a, b):  # one BLAS call over the stack's rows
+        np.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        return out
+    return np.matmul(a, b, out=out)
+
+
 def _reduction(ufunc):
     def run(x, out, axes):
         return ufunc.reduce(x, axis=axes, out=out)
@@ -66,7 +73,7 @@ OUT_UFUNCS.update({"rsqrt": _rsqrt, "select": _select, "cast": _cast, "div": _di
 OUT_OTHER = {
     "reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
     "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum),
-    "matmul": lambda a, b, out: np.matmul(a, b, out=out),
+    "matmul": lambda a, b, out: _matmul(a, b, out),
     "concatenate": lambda *xs, axis, out: np.concatenate(xs, axis=axis, out=out),
 }
 

@@ -12,9 +12,10 @@ import numpy as np
 
 from .. import tree
 from ..errors import MissingRuleError, ReplicateError
-from ..numpy import add, as_array, cast, ones_like, zeros_like
+from ..numpy import as_array, cast, ones_like, zeros_like
 from .core import Array, current_trace
 from .devices import backward_pass, gradient_of
+from .pieces import Cotangent
 from .primitives import get, is_float
 from .vjp_rules import VJP
 
@@ -68,17 +69,27 @@ def _backward(ys: list, xs: list, y_grads: list, stop=frozenset()) -> list:
     placing = getattr(current_trace(), "placement", None) is not None
     targets = {x.id for x in xs}
     order, relevant = _topo_order(ys, targets, stop)
-    cts = {}
+    cts = {}  # id -> Cotangent
     for y, y_grad in zip(ys, y_grads):
-        cts[y.id] = y_grad if y.id not in cts else add(cts[y.id], y_grad)
+        cts.setdefault(y.id, Cotangent()).add_dense(y_grad)
     for a in reversed(order):
         # a cotangent is used once, here (eager: its array goes now, not at the end of the pass)
-        g = cts.get(a.id) if a.id in targets else cts.pop(a.id, None)
-        if g is None or a.node is None or not relevant[a.id]:
+        acc = cts.get(a.id) if a.id in targets else cts.pop(a.id, None)
+        if acc is None or a.node is None or not relevant[a.id]:
             continue
         node = a.node
         spec = get(node.prim)
         if not spec.differentiable:
+            continue
+        g = acc.value(a.shape)
+        if a.id in targets:  # (read again at the end)
+            cts[a.id] = Cotangent()
+            cts[a.id].add_dense(g)
+        x = node.inputs[0] if node.inputs else None
+        if node.prim == "getitem" and len(node.inputs) == 1 and not placing \
+                and relevant.get(x.id, False) and is_float(x.dtype):
+            # a basic-index piece: joined with its siblings when the whole's cotangent is read
+            cts.setdefault(x.id, Cotangent()).add_piece(node.attrs["index"], g)
             continue
         rule = VJP.get(node.prim)
         if rule is None:
@@ -94,9 +105,8 @@ def _backward(ys: list, xs: list, y_grads: list, stop=frozenset()) -> list:
                 continue
             if ct.shape != inp.shape:
                 raise AssertionError(f"vjp of {node.prim} gave {ct.shape} for {inp.shape}")
-            prev = cts.get(inp.id)
-            cts[inp.id] = ct if prev is None else add(prev, ct)
-    return [cts.get(x.id) for x in xs]
+            cts.setdefault(inp.id, Cotangent()).add_dense(ct)
+    return [cts[x.id].value(x.shape) if x.id in cts else None for x in xs]
 
 
 def grad(y, wrt, y_grad=None):

@@ -62,6 +62,20 @@ def _floor_divide(xp):
     return lambda a, b: floor_divide_of(xp, a, b)
 
 
+def stack_folds(a, b) -> bool:
+    """Whether ``a @ b`` is a stack of rows times one matrix whose leading axes fold into one
+    without a copy: then it is one BLAS call over all the rows (NumPy's matmul makes one call
+    per stack entry)."""
+    return b.ndim == 2 and a.ndim > 2 and a.size > 0 and all(
+        a.strides[i] == a.strides[i + 1] * a.shape[i + 1] for i in range(a.ndim - 2))
+
+
+def _matmul_np(a, b):
+    if stack_folds(a, b):
+        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[-1:])
+    return np.matmul(a, b)
+
+
 def _logistic_np(x, out=None):
     """1 / (1 + exp(-x)), stable for large |x| and exact in both tails: with e = exp(-|x|), the
     value is exp(min(x, 0)) / (1 + e), i.e. 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0,
@@ -250,7 +264,7 @@ def _widened(rule):
     return run
 
 
-IMPL = table(np, "numpy")
+IMPL = table(np, "numpy", {"matmul": _matmul_np})
 for _prim in IMPL:  # (what only moves data runs on float16/bfloat16 as it is; the collectives
     if _prim not in REGISTRY or not REGISTRY[_prim].moves:  # are declared after this table)
         IMPL[_prim] = _widened(IMPL[_prim])

@@ -130,7 +130,19 @@ def _scatter_add(g, out, needs, upd, *idx, index, shape):
 
 def _matmul(g, out, needs, a, b):
     return (unbroadcast(rnp.matmul(g, rnp.swapaxes(b, -1, -2)), a.shape) if needs[0] else None,
-            unbroadcast(rnp.matmul(rnp.swapaxes(a, -1, -2), g), b.shape) if needs[1] else None)
+            _matmul_rhs_grad(g, a, b) if needs[1] else None)
+
+
+def _matmul_rhs_grad(g, a, b):
+    """The gradient of ``a @ b`` for ``b``. A matrix ``b`` shared by a stack ``a`` (a layer's
+    weight under a batch of sequences) gets one matrix product over every row of the stack,
+    ``a(rows, K)^T @ g(rows, N)``, not a product per stack entry summed after: one BLAS call
+    and no stack of partial products to write and read back."""
+    if b.ndim == 2 and a.ndim > 2:
+        rows = -1 if a.size else 0
+        return rnp.matmul(rnp.swapaxes(rnp.reshape(a, (rows, a.shape[-1])), 0, 1),
+                          rnp.reshape(g, (rows, g.shape[-1])))
+    return unbroadcast(rnp.matmul(rnp.swapaxes(a, -1, -2), g), b.shape)
 
 
 def _einsum(g, out, needs, *xs, subscripts):

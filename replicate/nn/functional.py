@@ -10,6 +10,7 @@ from .. import numpy as rnp
 from ..dtypes import is_float
 from ..errors import ReplicateError
 from ..numpy._base import wide_operand
+from .written_grads import gelu_tanh
 
 
 def relu(x):
@@ -37,8 +38,7 @@ def gelu(x, approximate=True):
     if approximate not in (True, "tanh"):
         raise ReplicateError(f"gelu: approximate is True/'tanh' or False/'none', got "
                              f"{approximate!r}")
-    c = float(np.sqrt(2.0 / np.pi))  # a Python float is weak: float32 stays float32
-    return 0.5 * x * (1.0 + rnp.tanh(c * (x + 0.044715 * x * x * x)))
+    return gelu_tanh(x)  # (its gradient written out: written_grads.py)
 
 
 tanh = rnp.tanh
