@@ -24,7 +24,7 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..errors import ShapeError
 from ..graph.core import Array
-from ._base import as_array, cast, norm_axes
+from ._base import as_array, cast, check_device, norm_axes
 from ._creation import zeros
 from ._elementwise import (
     abs,
@@ -114,11 +114,13 @@ class _Info:
         return ["cpu"]
 
     def default_dtypes(self, *, device=None):
+        check_device(device, "default_dtypes")
         # zeros/ones/eye/full of a float are float32 (the project's default float)
         return {"real floating": np.dtype(np.float32), "integral": np.dtype(np.int64),
                 "indexing": np.dtype(np.int64)}
 
     def dtypes(self, *, device=None, kind=None):
+        check_device(device, "dtypes")
         return {name: d for name, d in _ALL.items() if kind is None or isdtype(d, kind)}
 
 
