@@ -38,7 +38,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..dtypes import is_float
+from ..dtypes import finfo, is_float
 from ..errors import DTypeError, ShapeError
 from ..graph.core import bind
 from . import _arrayapi, _base, _creation, _elementwise, _namespace, _reductions, _shape
@@ -320,7 +320,7 @@ def matrix_power(a, n):
 def _tolerance(s, rtol, shape):
     """NumPy's cutoff: ``rtol`` (default ``max(m, n) * eps``) times each largest singular value."""
     if rtol is None:
-        rtol = max(shape[-2:]) * np.finfo(s.dtype).eps
+        rtol = max(shape[-2:]) * finfo(s.dtype).eps
     rtol = _shape.expand_dims(_base.as_array(rtol, s.dtype), -1)
     return rtol * _reductions.max(s, axis=-1, keepdims=True)
 
