@@ -128,6 +128,25 @@ def __array_namespace_info__():  # noqa: N807 - the standard's name
     return _Info()
 
 
+def real(x):
+    """The real part (``np.real``): of a real array, the array itself (the library has no complex
+    dtype)."""
+    return as_array(x)
+
+
+def imag(x):
+    """The imaginary part (``np.imag``): of a real array, zeros of its dtype and shape."""
+    x = as_array(x)
+    return zeros(x.shape, x.dtype)
+
+
+def conj(x):
+    """The complex conjugate (``np.conj``): of a real array, its values (a bool array as int8, as
+    NumPy's)."""
+    x = as_array(x)
+    return cast(x, np.int8) if x.dtype == np.bool_ else x
+
+
 def isnan(x):
     """Where ``x`` is NaN (never, for integers and bools)."""
     x = as_array(x)
@@ -209,5 +228,5 @@ def tensordot(a, b, axes=2):
 
 
 __all__ = ["acos", "acosh", "all", "any", "asin", "asinh", "atan", "atan2", "atanh",
-           "bitwise_invert", "cumulative_sum", "finfo", "iinfo", "isdtype", "isinf", "isnan",
-           "logical_xor", "pow", "tensordot", "unstack"]
+           "bitwise_invert", "conj", "cumulative_sum", "finfo", "iinfo", "imag", "isdtype",
+           "isinf", "isnan", "logical_xor", "pow", "real", "tensordot", "unstack"]

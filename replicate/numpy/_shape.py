@@ -65,8 +65,9 @@ def from_dlpack(x, *, device=None, copy=None) -> Array:
 
 
 # -- shapes -----------------------------------------------------------------------------------
-def reshape(x, shape):
-    """Reshape; one dimension may be -1."""
+def reshape(x, shape, *, copy=None):
+    """Reshape; one dimension may be -1. ``copy`` (the Array API's) is moot: an Array is never
+    written to, so a view is as good as a copy."""
     x = as_array(x)
     shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
     if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):

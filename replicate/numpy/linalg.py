@@ -231,16 +231,10 @@ def outer(x1, x2):
     return _shape.expand_dims(a, 1) * _shape.expand_dims(b, 0)
 
 
-def trace(x, offset=0):
+def trace(x, offset=0, *, dtype=None):
     """The sums of the diagonals (offset ``offset``) of the stacked matrices (the Array API's
-    ``linalg.trace``)."""
-    x = _base.as_array(x)
-    if x.ndim < 2:
-        raise ShapeError(f"trace needs matrices, got shape {x.shape}")
-    m, n = x.shape[-2:]
-    mask = _creation.eye(m, n, k=offset, dtype=bool)
-    zero = _creation.zeros((), x.dtype)
-    return _reductions.sum(_elementwise.where(mask, x, zero), axis=(-2, -1))
+    ``linalg.trace``; ``dtype``: the sum's, as ``sum``'s)."""
+    return _reductions.sum(diagonal(x, offset), axis=-1, dtype=dtype)
 
 
 def cross(x1, x2, axis=-1):

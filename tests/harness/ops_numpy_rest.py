@@ -97,3 +97,12 @@ for _axes in (None, 1, (0, 2)):
                                                           rnp.fft.ifftshift(x, a)),
          lambda x, a=_axes: (np.fft.fftshift(x, a), np.fft.ifftshift(x, a)), In((2, 3, 5)),
          label=f"axes {_axes}")
+
+# -- the complex functions of real arrays: NumPy's (real, conj: the values; imag: zeros) ----------
+case("real+conj", lambda x: (rnp.real(x), rnp.conj(x)), lambda x: (np.real(x), np.conj(x)),
+     In((2, 3)))
+for _dtype in (F32, I32, BOOL):
+    case("real+imag+conj", lambda x: (rnp.real(x), rnp.imag(x), rnp.conj(x)),
+         lambda x: (np.real(x), np.imag(x), np.conj(x)), In((4,), _dtype), grad=False)
+case("linalg.trace", lambda x: rnp.linalg.trace(x, offset=1, dtype="float32"),
+     lambda x: np.linalg.trace(x, offset=1, dtype="float32"), In((2, 3, 4), I32, "int"))
