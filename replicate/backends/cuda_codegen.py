@@ -105,8 +105,8 @@ def literal(value, dtype) -> str:
     if dtype == F16:
         return f"((float16){literal(np.float16(v), F32)})"
     suffix = "_F" if dtype == F32 else ""  # CuPy's math_constants.h (NVRTC has no INFINITY)
-    if math.isnan(v):
-        return f"CUDART_NAN{suffix}"
+    if math.isnan(v):  # its sign bit kept (signbit, copysign read it): negation sets it
+        return f"(-CUDART_NAN{suffix})" if math.copysign(1.0, v) < 0 else f"CUDART_NAN{suffix}"
     if math.isinf(v):
         return f"CUDART_INF{suffix}" if v > 0 else f"(-CUDART_INF{suffix})"
     text = repr(float(v))

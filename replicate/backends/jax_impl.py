@@ -335,7 +335,7 @@ JAX = reference.table(jnp, "jax", {
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:
     del JAX[_name]  # communication runs on the host (local_reduce is a device op: it stays)
 for _name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh",
-              "arctanh", "arctan2", "log2", "log10", "logaddexp", "floor_divide", "solve",
+              "arctanh", "arctan2", "log2", "log10", "logaddexp", "floor_divide", "hypot", "solve",
               "cholesky", "qr", "svd", "eigh", "det", "slogdet"):
     JAX[_name] = _in_float32(JAX[_name])
 

@@ -59,8 +59,10 @@ from .shape_rules import (  # noqa: F401 - index_tuple, parse_einsum: imported f
     _reshape,
     _scan,
     _scatter_add,
+    _searchsorted,
     _select,
     _shift,
+    _signbit,
     _sort,
     _top_k,
     _transpose,
@@ -215,6 +217,12 @@ declare("mod", ELEMENTWISE, _mod)  # NumPy's remainder: the divisor's sign (CUDA
 # NumPy's float floor division (npy_floor_divide; integers floor in ``div``): the quotient of
 # a - fmod(a, b), snapped to an integer; x // 0 is x / 0. Derivative 0 wherever it has one
 declare("floor_divide", ELEMENTWISE, _binary_float, differentiable=False)
+# the sign bit, of NaNs and zeros too (-0.0 and -NaN are set): a float in, a bool out
+declare("signbit", ELEMENTWISE, _signbit, differentiable=False, cuda="((bool)signbit({a}))")
+# a's magnitude with b's sign bit (C's copysign: -NaN's sign too); libm's hypot: no overflow or
+# underflow of the squares, hypot(+-inf, NaN) is inf
+declare("copysign", ELEMENTWISE, _binary_float, cuda="copysign({a}, {b})")
+declare("hypot", ELEMENTWISE, _binary_float, cuda="hypot({a}, {b})")
 declare("stop_gradient", ELEMENTWISE, _unary, differentiable=False, alias=True, cuda="{a}")
 # rp.custom_vjp: the value (input 0) passes through; the gradient goes to the other inputs (the
 # function's arguments) by the user's rule (attr ``rule``), never into the value's own graph
@@ -239,6 +247,9 @@ declare("cumsum", REDUCTION, _scan)  # scans: attrs axis (and reverse, for cumsu
 declare("cumprod", REDUCTION, _scan)
 declare("sort", STRUCTURAL, _sort)  # stable, NaNs last (as NumPy's kind="stable")
 declare("argsort", STRUCTURAL, _argsort, differentiable=False)
+# the insertion index of each value of v in the sorted 1-D a (attr side: "left" or "right"),
+# NaNs sorting last (NumPy's order)
+declare("searchsorted", STRUCTURAL, _searchsorted, differentiable=False)
 declare("top_k_indices", STRUCTURAL, _top_k, differentiable=False)  # descending, ties: lower first
 
 declare("reshape", STRUCTURAL, _reshape, alias=True)

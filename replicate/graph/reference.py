@@ -211,7 +211,8 @@ ROWS = {
     "cos": _same("cos"),
     **{name: _same(name) for name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan",
                                       "arcsinh", "arccosh", "arctanh", "log2", "log10",
-                                      "arctan2", "logaddexp")},
+                                      "arctan2", "logaddexp", "signbit", "copysign",
+                                      "hypot")},
     "floor": _same("floor"), "ceil": _same("ceil"), "round": _same("rint"),  # half to even
     "erf": lambda xp: _erf_np, "mod": _same("remainder"), "floor_divide": _floor_divide,
     "add": _same("add"), "sub": _same("subtract"), "mul": _same("multiply"), "div": _div,
@@ -239,6 +240,7 @@ ROWS = {
     "sort": lambda xp: lambda x, axis: xp.sort(x, axis=axis, stable=True),
     "argsort": lambda xp: lambda x, axis: xp.argsort(x, axis=axis, stable=True),
     "top_k_indices": lambda xp: _top_k_np,
+    "searchsorted": lambda xp: lambda a, v, side: xp.searchsorted(a, v, side=side),
     "reshape": lambda xp: lambda x, shape: xp.reshape(x, shape),
     "transpose": lambda xp: lambda x, perm: xp.transpose(x, perm),
     "broadcast_to": lambda xp: lambda x, shape: xp.broadcast_to(x, shape),

@@ -72,6 +72,11 @@ def _unary_float(a, **_):
     return a
 
 
+def _signbit(a, **_):
+    """signbit: a float in (the wrapper makes integers NumPy's float), a bool out."""
+    return AVal(_unary_float(a).shape, np.dtype(bool))
+
+
 def _broadcast(*avals):
     first = avals[0].shape
     if all(a.shape == first for a in avals):
@@ -171,6 +176,16 @@ def _sort(a, axis):
 def _argsort(a, axis):
     _check_axes(a, (axis,))
     return AVal(a.shape, np.dtype(np.int64))
+
+
+def _searchsorted(a, v, side):
+    """searchsorted: a sorted 1-D ``a`` and values ``v`` of its dtype; an int64 index per value."""
+    if len(a.shape) != 1:
+        raise ShapeError(f"searchsorted needs a 1-D array to search, got shape {a.shape}")
+    if side not in ("left", "right"):
+        raise ShapeError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+    _same_dtype(a, v)
+    return AVal(v.shape, np.dtype(np.int64))
 
 
 def _top_k(a, k):

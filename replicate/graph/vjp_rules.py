@@ -292,6 +292,12 @@ VJP = RuleTable("vjp", {
     "logaddexp": _binary(lambda g, o, a, b: g * rnp.sigmoid(a - b),
                          lambda g, o, a, b: g * rnp.sigmoid(b - a)),
     "mod": _binary(lambda g, o, a, b: g, lambda g, o, a, b: -g * rnp.round((a - o) / b)),
+    # copysign: +-g (the sign bits of a and b equal or not); b's sign bit alone counts: 0 for b
+    "copysign": _binary(lambda g, o, a, b: rnp.where(rnp.signbit(a) == rnp.signbit(b), g, -g),
+                        lambda g, o, a, b: rnp.zeros_like(g)),
+    # d hypot = (a da + b db) / hypot; 0 at the origin (a subgradient, as the 2-norm's)
+    "hypot": _binary(lambda g, o, a, b: g * a / rnp.where(o == 0, 1.0, o),
+                     lambda g, o, a, b: g * b / rnp.where(o == 0, 1.0, o)),
     "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
     "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),
                        lambda g, o, a, b: g * rnp.cast(a < b, g.dtype)),

@@ -34,7 +34,7 @@ import numpy as _np
 from ..errors import PlacementError as _PlacementError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
-from . import linalg, random
+from . import fft, linalg, random
 from ._arrayapi import (
     astype,
     broadcast_arrays,
@@ -90,7 +90,7 @@ from ._reductions import (
     sum,
     var,
 )
-from ._reorder import argsort, flip, repeat, roll, sort, tile, top_k
+from ._reorder import argsort, flip, repeat, roll, searchsorted, sort, tile, top_k
 from ._sets import nonzero, unique, unique_all, unique_counts, unique_inverse, unique_values
 from ._shape import (
     array,
@@ -113,6 +113,7 @@ from ._shape import (
     take_along_axis,
     transpose,
 )
+from ._signs import copysign, hypot, signbit
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
 int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64

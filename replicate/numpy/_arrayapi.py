@@ -10,21 +10,22 @@ from ..dtypes import is_supported
 from ..dtypes import result_type as _promote
 from ..errors import DTypeError, ShapeError
 from ..graph.core import Array
-from ._base import as_array, cast, promote
+from ._base import as_array, cast, check_device, promote
 from ._elementwise import multiply, where
 from ._reductions import sum
 from ._shape import _axis, broadcast_to, concatenate, moveaxis, swapaxes, transpose
 
 
-def astype(x, dtype, copy=True):
+def astype(x, dtype, copy=True, *, device=None):
     """The Array API's ``astype`` (NumPy 2's ``np.astype``): ``cast``. ``copy`` is accepted and
     moot: an Array is never written to, so a result that is ``x`` itself (``copy=False`` or not,
-    when the dtype is already ``dtype``) is as good as a copy.
+    when the dtype is already ``dtype``) is as good as a copy. ``device``: None or "cpu".
 
     >>> import replicate.numpy as rnp
     >>> rnp.astype([1.5, -2.5], "int8", copy=False).tolist()
     [1, -2]
     """
+    check_device(device, "astype")
     return cast(x, dtype)
 
 

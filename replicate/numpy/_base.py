@@ -14,7 +14,7 @@ from ..dtypes import (
     is_supported,
     result_type,
 )
-from ..errors import DTypeError, ReplicateError
+from ..errors import DTypeError, PlacementError, ReplicateError
 from ..graph.core import Array, bind, concrete
 from ..interop import from_foreign
 
@@ -43,6 +43,16 @@ def as_array(x, dtype=None) -> Array:
     raise ReplicateError(f"expected an array or number, got {type(x).__name__}")
 
 
+
+
+def check_device(device, what) -> None:
+    """The Array API's ``device=`` keyword: None or ``"cpu"`` (every Array's ``x.device``, the
+    namespace's only device; a compiled step places its values on its backend's device itself);
+    anything else a ``PlacementError`` (a ``ValueError``)."""
+    if device is not None and not (isinstance(device, str) and device == "cpu"):
+        raise PlacementError(f"{what}(device={device!r}): the library's one device is 'cpu' "
+                             "(x.device); a compiled step places its values on its backend's "
+                             "device itself")
 
 
 def dtype_key(x):
@@ -124,6 +134,22 @@ def ufunc_float_operand(x) -> Array:
     ones, float64 for wider integers; a float array as it is."""
     x = as_array(x)
     return x if is_float(x.dtype) else cast(x, np.result_type(x.dtype, np.float16))
+
+
+def float_ufunc_operands(a, b) -> list:
+    """The operands of a binary float ufunc (``np.arctan2``, ``np.hypot``) in the dtype NumPy's
+    loop gives them: floats as promoted; bools and integers in the smallest float each of them
+    casts to safely (float16 for int8 with uint8, float32 for int16, float64 for int32), a
+    Python scalar taking the array's."""
+    keys = [dtype_key(x) for x in (a, b)]
+    a, b = promote(a, b)
+    if is_float(a.dtype):
+        return [a, b]
+    arrays = [k for k in keys if isinstance(k, np.dtype)]
+    if len(arrays) < 2 and a.dtype not in arrays:  # a bool and a Python int: int64's float
+        arrays = [a.dtype]
+    dtype = np.result_type(*(np.result_type(k, np.float16) for k in arrays))
+    return [cast(a, dtype), cast(b, dtype)]
 
 
 def static_axis(a) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ReplicateError, ShapeError
 from ..graph.core import Array, concrete
-from ._base import as_array, cast
+from ._base import as_array, cast, check_device
 from ._elementwise import where
 from ._shape import broadcast_to, ravel, reshape
 
@@ -18,17 +18,19 @@ from ._shape import broadcast_to, ravel, reshape
 DEFAULT_FLOAT = np.dtype(np.float32)
 
 
-def zeros(shape, dtype=DEFAULT_FLOAT):
+def zeros(shape, dtype=DEFAULT_FLOAT, *, device=None):
     """Zeros; float32 unless ``dtype`` is given (NumPy: float64; ``replicate.numpy``)."""
+    check_device(device, "zeros")
     return concrete(np.zeros(shape, dtype))
 
 
-def ones(shape, dtype=DEFAULT_FLOAT):
+def ones(shape, dtype=DEFAULT_FLOAT, *, device=None):
     """An array of ones; float32 unless ``dtype`` is given (NumPy's default is float64)."""
+    check_device(device, "ones")
     return concrete(np.ones(shape, dtype))
 
 
-def full(shape, fill_value, dtype=None):
+def full(shape, fill_value, dtype=None, *, device=None):
     """An array of ``fill_value``, by default of its dtype: bool, int64 for a Python int, float32
     for a Python float (NumPy: float64), a NumPy scalar's own — PyTorch's rule; never rounded.
 
@@ -38,6 +40,7 @@ def full(shape, fill_value, dtype=None):
     >>> rnp.full((2,), 16777217).tolist()
     [16777217, 16777217]
     """
+    check_device(device, "full")
     value = as_array(fill_value)  # refuses what is not a supported array or number
     if dtype is None:
         dtype = DEFAULT_FLOAT if type(fill_value) is float else value.dtype
@@ -46,19 +49,22 @@ def full(shape, fill_value, dtype=None):
     return concrete(np.full(shape, fill, dtype))
 
 
-def zeros_like(x, dtype=None):
+def zeros_like(x, dtype=None, *, device=None):
+    check_device(device, "zeros_like")
     x = as_array(x)
     return zeros(x.shape, dtype or x.dtype)
 
 
-def ones_like(x, dtype=None):
+def ones_like(x, dtype=None, *, device=None):
+    check_device(device, "ones_like")
     x = as_array(x)
     return ones(x.shape, dtype or x.dtype)
 
 
-def arange(start, stop=None, step=None, dtype=None):
+def arange(start, stop=None, step=None, dtype=None, *, device=None):
     """``np.arange``: ``start`` to ``stop`` (``0`` to ``start`` when ``stop`` is None) by ``step``
     (1 when None), a constant (known when traced)."""
+    check_device(device, "arange")
     return concrete(np.arange(start, stop, step, dtype=dtype))
 
 
@@ -80,7 +86,7 @@ def _static_int(v, what):
     return int(v)
 
 
-def eye(n, M=None, k=0, dtype=DEFAULT_FLOAT):
+def eye(n, M=None, k=0, dtype=DEFAULT_FLOAT, *, device=None):
     """``np.eye``: ``n`` rows, ``M`` columns (``n`` when None), ones on diagonal ``k`` (above the
     main one when positive); float32 unless ``dtype`` is given (NumPy: float64).
 
@@ -88,6 +94,7 @@ def eye(n, M=None, k=0, dtype=DEFAULT_FLOAT):
     >>> rnp.eye(2, 3, k=1, dtype="int32").tolist()
     [[0, 1, 0], [0, 0, 1]]
     """
+    check_device(device, "eye")
     n = _static_int(n, "eye's n")
     if M is not None and not isinstance(M, (numbers.Integral, np.integer)):
         raise ReplicateError(f"eye's M is the column count, an int, got {M!r} (the dtype is "
@@ -96,7 +103,7 @@ def eye(n, M=None, k=0, dtype=DEFAULT_FLOAT):
     return concrete(np.eye(n, M, _static_int(k, "eye's k"), dtype=dtype))
 
 
-def empty(shape, dtype=DEFAULT_FLOAT):
+def empty(shape, dtype=DEFAULT_FLOAT, *, device=None):
     """``np.empty``, which here is ``zeros`` (an Array is never uninitialised memory); float32
     unless ``dtype`` is given.
 
@@ -104,10 +111,11 @@ def empty(shape, dtype=DEFAULT_FLOAT):
     >>> rnp.empty((2,), "int8").tolist()
     [0, 0]
     """
+    check_device(device, "empty")
     return zeros(shape, dtype)
 
 
-def empty_like(x, dtype=None):
+def empty_like(x, dtype=None, *, device=None):
     """``np.empty_like``, which here is ``zeros_like`` (an Array is never uninitialised memory):
     ``x``'s shape, its dtype unless ``dtype`` is given.
 
@@ -115,10 +123,11 @@ def empty_like(x, dtype=None):
     >>> rnp.empty_like(rnp.asarray([1.5, 2.5]), "int32").tolist()
     [0, 0]
     """
+    check_device(device, "empty_like")
     return zeros_like(x, dtype)
 
 
-def full_like(x, fill_value, dtype=None):
+def full_like(x, fill_value, dtype=None, *, device=None):
     """``np.full_like``: an array of ``x``'s shape filled with ``fill_value``, of ``x``'s dtype
     unless ``dtype`` is given (the value converted to it, as NumPy: 2.7 in an int array is 2).
     A traced ``fill_value`` is broadcast (its gradient the sum of the result's).
@@ -127,6 +136,7 @@ def full_like(x, fill_value, dtype=None):
     >>> rnp.full_like(rnp.asarray([1, 2, 3]), 2.7).tolist()
     [2, 2, 2]
     """
+    check_device(device, "full_like")
     x = as_array(x)
     dtype = x.dtype if dtype is None else dtype
     if isinstance(fill_value, Array) or hasattr(fill_value, "read"):
@@ -135,7 +145,7 @@ def full_like(x, fill_value, dtype=None):
     return concrete(np.full(x.shape, fill_value, dtype))
 
 
-def linspace(start, stop, num=50, endpoint=True, dtype=None):
+def linspace(start, stop, num=50, endpoint=True, dtype=None, *, device=None):
     """``np.linspace``: ``num`` evenly spaced values from ``start`` to ``stop`` (``stop`` left out
     when ``endpoint`` is False); NumPy's dtype (float64 for ints and Python floats). A constant,
     as ``arange``: its arguments must be known when traced.
@@ -144,6 +154,7 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None):
     >>> rnp.linspace(0, 1, 5).tolist(), rnp.linspace(0, 1, 4, endpoint=False).dtype
     ([0.0, 0.25, 0.5, 0.75, 1.0], dtype('float64'))
     """
+    check_device(device, "linspace")
     start, stop = _known(start, "linspace's start"), _known(stop, "linspace's stop")
     num = _static_int(_known(num, "linspace's num"), "linspace's num")
     if num < 0:

@@ -7,7 +7,7 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import DTypeError, NegativePowerError
 from ..graph.core import bind
-from ._base import as_array, cast, promote, ufunc_float_operand
+from ._base import as_array, cast, float_ufunc_operands, promote, ufunc_float_operand
 
 
 def _unary(prim, floating):
@@ -89,15 +89,11 @@ exact at powers of 10 but on JAX, as ``log2``). A primitive; gradient ``1 / (x l
 
 
 def _binary_float_ufunc(prim):
-    """The wrapper of a binary float primitive: NumPy's promotion, then bools and integers in
-    the float NumPy's float ufuncs give them (``np.arctan2`` of int8 is float16, of int32
-    float64: as ``exp``, not as ``divide``)."""
+    """The wrapper of a binary float primitive: bools and integers in the float NumPy's loop
+    gives them (``np.arctan2`` of int8 is float16, of int32 float64: as ``exp``, not as
+    ``divide``; ``_base.float_ufunc_operands``)."""
     def op(a, b):
-        a, b = promote(a, b)
-        if not is_float(a.dtype):
-            dtype = np.result_type(a.dtype, np.float16)
-            a, b = cast(a, dtype), cast(b, dtype)
-        return bind(prim, a, b)
+        return bind(prim, *float_ufunc_operands(a, b))
 
     op.__name__ = prim
     return op

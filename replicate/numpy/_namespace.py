@@ -24,7 +24,7 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..errors import ShapeError
 from ..graph.core import Array
-from ._base import as_array, cast, norm_axes
+from ._base import as_array, cast, check_device, norm_axes
 from ._creation import zeros
 from ._elementwise import (
     abs,
@@ -114,16 +114,37 @@ class _Info:
         return ["cpu"]
 
     def default_dtypes(self, *, device=None):
+        check_device(device, "default_dtypes")
         # zeros/ones/eye/full of a float are float32 (the project's default float)
         return {"real floating": np.dtype(np.float32), "integral": np.dtype(np.int64),
                 "indexing": np.dtype(np.int64)}
 
     def dtypes(self, *, device=None, kind=None):
+        check_device(device, "dtypes")
         return {name: d for name, d in _ALL.items() if kind is None or isdtype(d, kind)}
 
 
 def __array_namespace_info__():  # noqa: N807 - the standard's name
     return _Info()
+
+
+def real(x):
+    """The real part (``np.real``): of a real array, the array itself (the library has no complex
+    dtype)."""
+    return as_array(x)
+
+
+def imag(x):
+    """The imaginary part (``np.imag``): of a real array, zeros of its dtype and shape."""
+    x = as_array(x)
+    return zeros(x.shape, x.dtype)
+
+
+def conj(x):
+    """The complex conjugate (``np.conj``): of a real array, its values (a bool array as int8, as
+    NumPy's)."""
+    x = as_array(x)
+    return cast(x, np.int8) if x.dtype == np.bool_ else x
 
 
 def isnan(x):
@@ -207,5 +228,5 @@ def tensordot(a, b, axes=2):
 
 
 __all__ = ["acos", "acosh", "all", "any", "asin", "asinh", "atan", "atan2", "atanh",
-           "bitwise_invert", "cumulative_sum", "finfo", "iinfo", "isdtype", "isinf", "isnan",
-           "logical_xor", "pow", "tensordot", "unstack"]
+           "bitwise_invert", "conj", "cumulative_sum", "finfo", "iinfo", "imag", "isdtype",
+           "isinf", "isnan", "logical_xor", "pow", "real", "tensordot", "unstack"]

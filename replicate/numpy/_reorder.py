@@ -1,9 +1,9 @@
-"""Reordering and repeating: sort, argsort, top_k, flip, roll, repeat, tile.
+"""Reordering and repeating: sort, argsort, searchsorted, top_k, flip, roll, repeat, tile.
 
-``sort``, ``argsort`` and the indices of ``top_k`` are primitives (NumPy's stable sort; JAX's
-stable sort and ``lax.top_k``). ``flip``, ``roll``, ``repeat`` and ``tile`` are compositions of
-strided slices, concatenation, broadcasting and reshapes: exact, each a view or one copy of the
-output's size as in NumPy, and their gradients are those of the pieces.
+``sort``, ``argsort``, ``searchsorted`` and the indices of ``top_k`` are primitives (NumPy's
+stable sort; JAX's stable sort and ``lax.top_k``). ``flip``, ``roll``, ``repeat`` and ``tile`` are
+compositions of strided slices, concatenation, broadcasting and reshapes: exact, each a view or
+one copy of the output's size as in NumPy, and their gradients are those of the pieces.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import ReplicateError
+from ..errors import ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
-from ._base import as_array
+from ._base import as_array, promote
 from ._elementwise import subtract
 from ._shape import (
     _axis,
@@ -84,6 +84,31 @@ def argsort(x, axis=-1, descending=False, stable=True):
         order = flip(bind("argsort", flip(x, axis), axis=axis), axis)
         return subtract(np.int64(x.shape[axis] - 1), order)
     return bind("argsort", x, axis=axis)
+
+
+def searchsorted(a, v, side="left", sorter=None):
+    """Where each value of ``v`` would go in the sorted 1-D ``a`` to keep it sorted, as
+    ``np.searchsorted``: ``side="left"`` the first such index (the count of entries below the
+    value), ``"right"`` the last; NaNs sort last (a NaN value's left index is the count of
+    non-NaN entries). ``sorter``: the indices that sort ``a`` (``a`` is then read as
+    ``a[sorter]``). int64 indices of ``v``'s shape; ``a`` and ``v`` are compared in their common
+    dtype. A primitive (NumPy's, ``jnp.searchsorted``, CuPy's), no gradient. As in NumPy, an
+    ``a`` that is not sorted gives indices of no meaning.
+
+    >>> import replicate.numpy as rnp
+    >>> a = rnp.asarray([1.0, 2.0, 2.0, 3.0])
+    >>> rnp.searchsorted(a, [2.0, 0.5, 9.0]).tolist(), rnp.searchsorted(a, 2.0, "right").tolist()
+    ([1, 0, 4], 3)
+    """
+    if side not in ("left", "right"):
+        raise ShapeError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+    a = as_array(a)
+    if a.ndim != 1:
+        raise ShapeError(f"searchsorted needs a 1-D array to search, got shape {a.shape}")
+    if sorter is not None:
+        a = take(a, sorter)
+    a, v = promote(a, v)
+    return bind("searchsorted", a, v, side=side)
 
 
 def top_k(x, k):

@@ -9,12 +9,12 @@ import numpy as np
 
 from ..errors import CopyError, DTypeError, IndexOutOfRangeError, ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
-from ._base import as_array, cast, from_foreign, norm_axes, promote, static_axis
+from ._base import as_array, cast, check_device, from_foreign, norm_axes, promote, static_axis
 from ._elementwise import equal
 
 
 # -- creation ---------------------------------------------------------------------------------
-def asarray(x, dtype=None, copy=None) -> Array:
+def asarray(x, dtype=None, copy=None, *, device=None) -> Array:
     """Make an Array from a NumPy array, nested list or number (``np.asarray``, the Array API's
     ``asarray``). A NumPy array's memory is shared, as NumPy's (writing to it writes to the
     Array) unless ``copy=True``; ``copy=False`` refuses (``CopyError``, a ``ValueError``) where
@@ -27,6 +27,7 @@ def asarray(x, dtype=None, copy=None) -> Array:
     >>> a = np.zeros(2); x = rnp.asarray(a, copy=True); a[0] = 5; x.tolist()
     [0.0, 0.0]
     """
+    check_device(device, "asarray")
     if copy is None:
         return as_array(x, dtype)
     y = as_array(x)
@@ -45,25 +46,28 @@ def asarray(x, dtype=None, copy=None) -> Array:
 array = asarray
 
 
-def from_dlpack(x) -> Array:
+def from_dlpack(x, *, device=None, copy=None) -> Array:
     """An Array from any object with ``__dlpack__`` (a JAX, PyTorch or CuPy array; NumPy 2's
     ``np.from_dlpack`` contract): zero-copy for values in host memory, so writing to the source
-    writes to the Array. (``rnp.asarray`` accepts the same objects.)
+    writes to the Array, unless ``copy=True`` (``copy=False`` refuses where a copy is needed,
+    as ``asarray``). (``rnp.asarray`` accepts the same objects.)
 
     >>> import numpy as np, replicate.numpy as rnp
     >>> rnp.from_dlpack(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
+    check_device(device, "from_dlpack")
     if isinstance(x, Array) or hasattr(x, "read"):  # already ours (traced values too)
         return as_array(x)
     if not hasattr(x, "__dlpack__"):
         raise ReplicateError(f"from_dlpack: {type(x).__name__} has no __dlpack__")
-    return as_array(from_foreign(x))
+    return asarray(from_foreign(x), copy=copy)
 
 
 # -- shapes -----------------------------------------------------------------------------------
-def reshape(x, shape):
-    """Reshape; one dimension may be -1."""
+def reshape(x, shape, *, copy=None):
+    """Reshape; one dimension may be -1. ``copy`` (the Array API's) is moot: an Array is never
+    written to, so a view is as good as a copy."""
     x = as_array(x)
     shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
     if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):

@@ -9,10 +9,11 @@ What there is, and its gradient (``replicate/graph/linalg_vjp.py`` has the formu
   ``U``/``Vh`` with ``full_matrices=False`` or square matrices; of ``S`` always), ``svdvals``,
   ``eigh``/``eigvalsh`` (the lower triangle read, as NumPy), ``det``, ``slogdet``;
 * compositions of those and of ``rnp``'s ops (their gradients the pieces'): ``inv`` (``solve``
-  against the identity), ``norm`` (NumPy's ``ord``s, vector and matrix: None, ``"fro"``,
-  ``"nuc"``, ±1, ±2, ±inf, 0 and any p for vectors), the Array API's ``vector_norm`` and
-  ``matrix_norm``, ``matmul``, ``matrix_transpose``, ``vecdot``, ``tensordot``, ``outer``,
-  ``trace``.
+  against the identity), ``pinv`` (the SVD's), ``matrix_power`` (NumPy's products; ``inv`` for
+  negative powers), ``matrix_rank``, ``norm`` (NumPy's ``ord``s, vector and matrix: None,
+  ``"fro"``, ``"nuc"``, ±1, ±2, ±inf, 0 and any p for vectors), the Array API's ``vector_norm``
+  and ``matrix_norm``, ``matmul``, ``matrix_transpose``, ``vecdot``, ``tensordot``, ``outer``,
+  ``trace``, ``diagonal``, ``cross``.
 
 Integers and bools are computed in float64 (NumPy's rule). Where NumPy raises ``LinAlgError``
 (a singular matrix for ``solve``/``inv``, one not positive definite for ``cholesky``) the
@@ -20,8 +21,7 @@ NumPy backend and eager mode raise it too; JAX gives NaN or inf there, as ``jax.
 Gradients where the derivative does not exist (equal singular values, a singular matrix) are
 what the formulas give: inf or NaN, as JAX's. The 2-norm's gradient at 0 is 0 (a subgradient,
 as PyTorch's), not NaN. Not here: complex matrices, ``eig``/``eigvals`` (complex results),
-``lstsq``, ``pinv``, ``matrix_rank``, ``matrix_power``, ``cross``, ``diagonal``,
-``tensorsolve``, ``qr(mode="complete")``.
+``lstsq``, ``tensorsolve``, ``qr(mode="complete")``.
 
 >>> import replicate.numpy as rnp
 >>> a = rnp.asarray([[4.0, 2.0], [2.0, 3.0]])
@@ -33,14 +33,15 @@ as PyTorch's), not NaN. Not here: complex matrices, ``eig``/``eigvals`` (complex
 
 from __future__ import annotations
 
+import operator
 from collections import namedtuple
 
 import numpy as np
 
-from ..dtypes import is_float
-from ..errors import ShapeError
+from ..dtypes import finfo, is_float
+from ..errors import DTypeError, ShapeError
 from ..graph.core import bind
-from . import _arrayapi, _base, _creation, _elementwise, _reductions, _shape
+from . import _arrayapi, _base, _creation, _elementwise, _namespace, _reductions, _shape
 from ._linalg import matmul
 from ._namespace import tensordot
 
@@ -230,18 +231,151 @@ def outer(x1, x2):
     return _shape.expand_dims(a, 1) * _shape.expand_dims(b, 0)
 
 
-def trace(x, offset=0):
+def trace(x, offset=0, *, dtype=None):
     """The sums of the diagonals (offset ``offset``) of the stacked matrices (the Array API's
-    ``linalg.trace``)."""
+    ``linalg.trace``; ``dtype``: the sum's, as ``sum``'s)."""
+    return _reductions.sum(diagonal(x, offset), axis=-1, dtype=dtype)
+
+
+def cross(x1, x2, axis=-1):
+    """The cross products of the 3-vectors along ``axis`` (``np.linalg.cross``, the Array API's):
+    the other axes broadcast; the promoted dtype (integers wrap, as NumPy's; bools refused, as
+    NumPy's subtraction of bools). NumPy's formula, product by product
+    (``x1[1] * x2[2] - x1[2] * x2[1]``, ...): its gradient is that of the pieces.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.linalg.cross(rnp.asarray([1, 2, 3]), rnp.asarray([4, 5, 6])).tolist()
+    [-3, 6, -3]
+    """
+    a, b = _base.promote(x1, x2)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("cross needs arrays of 3-vectors, got a 0-d operand")
+    a = _shape.moveaxis(a, _shape._axis(axis, a.ndim, "cross"), -1)
+    b = _shape.moveaxis(b, _shape._axis(axis, b.ndim, "cross"), -1)
+    if a.shape[-1] != 3 or b.shape[-1] != 3:
+        raise ShapeError(f"cross needs 3-vectors along axis {axis}, got lengths {a.shape[-1]} "
+                         f"and {b.shape[-1]}")
+    (a0, a1, a2), (b0, b1, b2) = (_namespace.unstack(v, -1) for v in (a, b))
+    out = _shape.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], -1)
+    return _shape.moveaxis(out, -1, _shape._axis(axis, out.ndim, "cross"))
+
+
+def diagonal(x, offset=0):
+    """The diagonals (offset ``offset``: above the main one when positive) of the stacked
+    matrices, the last axis of the result (``np.linalg.diagonal``, the Array API's); a gather,
+    its gradient a scatter.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.linalg.diagonal(rnp.asarray([[1, 2, 3], [4, 5, 6]]), offset=1).tolist()
+    [2, 6]
+    """
     x = _base.as_array(x)
     if x.ndim < 2:
-        raise ShapeError(f"trace needs matrices, got shape {x.shape}")
+        raise ShapeError(f"diagonal needs matrices (the last two axes), got shape {x.shape}")
+    offset = operator.index(offset)
     m, n = x.shape[-2:]
-    mask = _creation.eye(m, n, k=offset, dtype=bool)
-    zero = _creation.zeros((), x.dtype)
-    return _reductions.sum(_elementwise.where(mask, x, zero), axis=(-2, -1))
+    rows = np.arange(max(0, min(m + min(offset, 0), n - max(offset, 0))))
+    return x[..., rows - min(offset, 0), rows + max(offset, 0)]
 
 
-__all__ = ["EighResult", "QRResult", "SVDResult", "SlogdetResult", "cholesky", "det", "eigh",
-           "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_transpose", "norm", "outer", "qr",
-           "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]
+def matrix_power(a, n):
+    """``a`` to the integer power ``n`` by repeated squaring, NumPy's order of products
+    (``np.linalg.matrix_power``): the identity in ``a``'s dtype for 0, ``inv(a)`` to ``-n`` for
+    a negative ``n`` (float64 for integers; ``LinAlgError`` for a singular matrix, where NumPy
+    raises). Integers and bools stay themselves for ``n >= 0``; the gradient is the products'.
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.linalg.matrix_power(rnp.asarray([[1, 1], [0, 1]]), 5).tolist()
+    [[1, 5], [0, 1]]
+    """
+    a = _base.as_array(a)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ShapeError(f"matrix_power needs square matrices (the last two axes), got shape "
+                         f"{a.shape}")
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise DTypeError(f"matrix_power: the exponent must be an integer, got {n!r}") from None
+    if n == 0:
+        return _shape.broadcast_to(_creation.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    if n < 0:
+        a, n = inv(a), -n
+    if n <= 3:
+        return {1: lambda: a, 2: lambda: matmul(a, a), 3: lambda: matmul(matmul(a, a), a)}[n]()
+    z = result = None
+    while n > 0:
+        z = a if z is None else matmul(z, z)
+        n, bit = divmod(n, 2)
+        if bit:
+            result = z if result is None else matmul(result, z)
+    return result
+
+
+def _tolerance(s, rtol, shape):
+    """NumPy's cutoff: ``rtol`` (default ``max(m, n) * eps``) times each largest singular value."""
+    if rtol is None:
+        rtol = max(shape[-2:]) * finfo(s.dtype).eps
+    rtol = _shape.expand_dims(_base.as_array(rtol, s.dtype), -1)
+    return rtol * _reductions.max(s, axis=-1, keepdims=True)
+
+
+def matrix_rank(x, tol=None, hermitian=False, *, rtol=None):
+    """The number of singular values above the tolerance, per matrix (``np.linalg.matrix_rank``,
+    the Array API's with ``rtol``): ``tol`` absolute, else ``rtol`` (default ``max(m, n) *
+    eps``) times the largest singular value; ``hermitian``: the eigenvalues' magnitudes. int64;
+    for a 0-d or 1-D ``x`` 1 unless every entry is 0 (NumPy's Python int, here a 0-d int64).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.linalg.matrix_rank(rnp.asarray([[1.0, 2.0], [2.0, 4.0]])).tolist()
+    1
+    """
+    if tol is not None and rtol is not None:
+        raise ShapeError("matrix_rank: tol and rtol cannot both be set")
+    x = _float(x)
+    if x.ndim < 2:
+        return _base.cast(_namespace.any(x), np.int64)
+    if 0 in x.shape[-2:]:
+        return _creation.zeros(x.shape[:-2], np.int64)
+    s = _elementwise.abs(eigvalsh(x)) if hermitian else svdvals(x)
+    cut = _tolerance(s, rtol, x.shape) if tol is None else _shape.expand_dims(
+        _base.as_array(tol, s.dtype), -1)
+    return _base.cast(_reductions.sum(s > cut, axis=-1), np.int64)
+
+
+_UNSET = object()
+
+
+def pinv(a, rcond=None, hermitian=False, *, rtol=_UNSET):
+    """The Moore-Penrose pseudo-inverse of each matrix (``np.linalg.pinv``): ``V diag(1/s) U^T``
+    from the SVD, singular values at or below ``rcond`` (default 1e-15; ``rtol`` the Array
+    API's, None: ``max(m, n) * eps``) times the largest taken as 0; ``hermitian``: from
+    ``eigh``. Its gradient is the SVD's (it needs distinct singular values).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.linalg.pinv(rnp.asarray([[2.0, 0.0], [0.0, 0.0]])).tolist()
+    [[0.5, 0.0], [0.0, 0.0]]
+    """
+    if rcond is not None and rtol is not _UNSET:
+        raise ShapeError("pinv: rcond and rtol cannot both be set")
+    a = _matrices(a, "pinv", square=False)
+    m, n = a.shape[-2:]
+    if m == 0 or n == 0:
+        return _creation.zeros(a.shape[:-2] + (n, m), a.dtype)
+    if rcond is None:
+        rcond = 1e-15 if rtol is _UNSET else rtol
+    if hermitian:
+        s, v = eigh(a)
+        u, vt = v, matrix_transpose(v)
+        mag = _elementwise.abs(s)
+    else:
+        u, s, vt = svd(a, full_matrices=False)
+        mag = s
+    large = mag > _tolerance(mag, rcond, a.shape)
+    s_inv = _elementwise.where(large, 1.0 / _elementwise.where(large, s, 1.0), 0.0)
+    return matmul(matrix_transpose(vt), _shape.expand_dims(s_inv, -1) * matrix_transpose(u))
+
+
+__all__ = ["EighResult", "QRResult", "SVDResult", "SlogdetResult", "cholesky", "cross", "det",
+           "diagonal", "eigh", "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_power",
+           "matrix_rank", "matrix_transpose", "norm", "outer", "pinv", "qr", "slogdet", "solve",
+           "svd", "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]

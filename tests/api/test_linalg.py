@@ -1,5 +1,6 @@
 """``rnp.linalg``: values against ``numpy.linalg`` and gradients against finite differences, eager,
-traced on NumPy and on JAX (batched stacks, tall and wide matrices, every norm)."""
+traced on NumPy and on JAX (batched stacks, tall and wide matrices, every norm; ``cross``,
+``diagonal``, ``matrix_power``, ``pinv``), and NumPy's answers at the edges."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ CASES = {
     "slogdet": (lambda x: tuple(L.slogdet(x)), lambda x: np.linalg.slogdet(x), [(2, 3, 3)]),
     "outer": (L.outer, np.outer, [(3,), (2,)]),
     "trace": (lambda x: L.trace(x, 1), lambda x: np.trace(x, 1, -2, -1), [(2, 3, 4)]),
+    "cross": (L.cross, np.linalg.cross, [(2, 1, 3), (4, 3)]),
+    "cross-axis": (lambda a, b: L.cross(a, b, axis=1), lambda a, b: np.linalg.cross(a, b, axis=1),
+                   [(2, 3, 2), (2, 3, 2)]),
+    "diagonal": (lambda x: L.diagonal(x, offset=-1), lambda x: np.linalg.diagonal(x, offset=-1),
+                 [(2, 4, 3)]),
+    "matrix_power-7": (lambda x: L.matrix_power(x, 7), lambda x: np.linalg.matrix_power(x, 7),
+                       [(2, 3, 3)]),
+    "matrix_power-neg": (lambda x: L.matrix_power(x, -2),
+                         lambda x: np.linalg.matrix_power(x, -2), [(3, 3)]),
+    "pinv-tall": (L.pinv, np.linalg.pinv, [(2, 4, 3)]),
+    "pinv-wide": (L.pinv, np.linalg.pinv, [(3, 5)]),
+    "pinv-hermitian": (lambda x: L.pinv(_sym(x, rnp), hermitian=True),
+                       lambda x: np.linalg.pinv(_sym(x, np), hermitian=True), [(3, 3)]),
 }
 NORMS = [(None, None), (None, 1), (None, (0, 2)), (2, None), (1, None), (np.inf, None),
          (-np.inf, None), (0, None), (3.5, None), ("fro", (1, 2)), ("nuc", (1, 2)), (1, (1, 2)),
@@ -149,6 +163,33 @@ def test_integers_compute_in_float64_and_float32_stays():
     assert L.det(np.eye(2, dtype=np.int32)).dtype == np.float64
     assert L.inv(np.eye(2, dtype=np.float32)).dtype == np.float32
     assert L.norm(np.array([3, 4])).tolist() == 5.0
+
+
+def test_matrix_rank_pinv_and_matrix_power_as_numpys_at_their_edges():
+    rank_deficient = np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 0.5])
+    for mode in ("eager", "graph"):
+        got = rp.function(lambda a: (L.matrix_rank(a), L.pinv(a), L.pinv(a, rtol=None),
+                                     L.matrix_power(a, 0), L.matrix_rank(a[0]),
+                                     L.matrix_rank(a[:, :0])), mode=mode)(rank_deficient)
+        want = (np.linalg.matrix_rank(rank_deficient), np.linalg.pinv(rank_deficient),
+                np.linalg.pinv(rank_deficient, rtol=None), np.eye(3),
+                np.linalg.matrix_rank(rank_deficient[0]), 0)
+        for g, w in zip(got, want):
+            assert np.asarray(g).dtype == np.asarray(w).dtype
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
+    ints = np.array([[1, 1], [0, 1]])
+    assert L.matrix_power(ints, 3).dtype == np.int64 and L.matrix_power(ints, 3).tolist() == [
+        [1, 3], [0, 1]]
+    assert L.matrix_power(ints, -3).tolist() == np.linalg.matrix_power(ints, -3).tolist()
+    assert L.pinv(np.zeros((2, 0, 3))).shape == (2, 3, 0)
+    with pytest.raises(TypeError, match="integer"):
+        L.matrix_power(np.eye(2), 2.0)
+    with pytest.raises(np.linalg.LinAlgError):
+        L.matrix_power(np.zeros((2, 2)), -1)
+    with pytest.raises(ValueError, match="3-vectors"):
+        L.cross(np.ones(3), np.ones(2))
+    with pytest.raises(ValueError, match="both"):
+        L.matrix_rank(np.eye(2), tol=1.0, rtol=0.1)
 
 
 def test_numpys_errors_and_the_unsupported():

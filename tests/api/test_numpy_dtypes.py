@@ -1,7 +1,8 @@
 """The op namespace gives NumPy's dtypes and values, the class closed (issue 30).
 
 * The table: every elementwise function of ``replicate.numpy`` (the modules ``_elementwise``,
-  whose ``__all__`` is computed, so a new op is in the table without an edit, and ``_bitwise``;
+  whose ``__all__`` is computed, so a new op is in the table without an edit, ``_bitwise`` and
+  ``_signs``;
   and every
   elementwise primitive of the registry must be reached by one of them), for every input
   dtype (bool, int8, uint8, int32, int64, float16, float32, float64), gives NumPy's result
@@ -26,7 +27,7 @@ import replicate as rp
 import replicate.numpy as rnp
 from replicate.backends import available
 from replicate.graph.primitives import REGISTRY
-from replicate.numpy import _bitwise, _elementwise
+from replicate.numpy import _bitwise, _elementwise, _signs
 
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
 FLOATS = ("float16", "float32", "float64")
@@ -81,7 +82,7 @@ DIFFERS = {
 def functions() -> dict:
     """name -> (rnp function, NumPy reference, number of array operands)."""
     table = {}
-    for name in [*_elementwise.__all__, *_bitwise.__all__]:
+    for name in [*_elementwise.__all__, *_bitwise.__all__, *_signs.__all__]:
         fn = getattr(rnp, name)
         required = [p for p in inspect.signature(fn).parameters.values()
                     if p.default is inspect.Parameter.empty]

@@ -59,6 +59,8 @@ using std::acosh;
 using std::atanh;
 using std::log2;
 using std::log10;
+using std::signbit;
+using std::hypot;
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

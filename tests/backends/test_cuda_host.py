@@ -81,7 +81,7 @@ def _edges(dtype) -> np.ndarray:
         return np.array([i.min, i.min + 1, -100, -7, -2, -1, 0, 1, 2, 3, 7, 100, i.max - 1,
                          i.max], dtype)
     f, f32 = np.finfo(dtype), np.finfo(np.float32)
-    values = [np.nan, 0.0, -0.0, np.inf, -np.inf, 1.0, -1.0, 0.5, -2.5, 3.0, 100.0, -100.0,
+    values = [np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, 1.0, -1.0, 0.5, -2.5, 3.0, 100.0, -100.0,
               -88.8, 88.8, 1e4, f.max, -f.max, f.smallest_normal, -f.smallest_normal,
               f.smallest_subnormal, -f.smallest_subnormal]
     if dtype != F16:

@@ -38,7 +38,7 @@ F16, F32, F64, I32, I64 = (np.dtype(t) for t in ("float16", "float32", "float64"
 
 def _unary_float(x, y):
     """Each float op on its own fused input (a distinct scale, so CSE keeps them apart)."""
-    s = iter(np.linspace(1.0, 1.5, 32).tolist())
+    s = iter(np.linspace(1.0, 1.5, 40).tolist())
     pos = lambda: x * next(s)  # noqa: E731 - positive
     sig = lambda: y * next(s)  # noqa: E731 - either sign
     return [rnp.exp(sig()), rnp.log(pos()), rnp.log1p(pos()), rnp.expm1(sig()), rnp.sqrt(pos()),
@@ -49,7 +49,8 @@ def _unary_float(x, y):
             rnp.tan(sig()), rnp.sinh(sig()), rnp.cosh(sig()), rnp.arcsin(sig() * 0.3),
             rnp.arccos(sig() * 0.3), rnp.arctan(sig()), rnp.arcsinh(sig()),
             rnp.arccosh(pos() + 1.0), rnp.arctanh(sig() * 0.3), rnp.log2(pos()),
-            rnp.log10(pos()), rnp.arctan2(sig(), y), rnp.logaddexp(sig(), y)]
+            rnp.log10(pos()), rnp.arctan2(sig(), y), rnp.logaddexp(sig(), y),
+            rnp.signbit(sig()), rnp.copysign(pos(), y), rnp.hypot(sig(), y)]
 
 
 def _numeric(x, y):

@@ -16,8 +16,14 @@ import numpy as np
 import replicate.numpy as rnp
 
 # each table module adds its cases to CASES when imported: elementwise, structure, windows,
-# everyday (which imports the two before it for their helpers)
-from . import ops_elementwise, ops_everyday, ops_structure, ops_windows  # noqa: F401
+# everyday (which imports the two before it for their helpers), numpy_rest
+from . import (  # noqa: F401
+    ops_elementwise,
+    ops_everyday,
+    ops_numpy_rest,
+    ops_structure,
+    ops_windows,
+)
 from .cases import (
     CASES,
     F32,
