@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import numpy as rnp
@@ -23,6 +25,8 @@ from .graph.core import current_trace
 from .schedules import step_decay, warmup_cosine  # noqa: F401  (rp.optim.*)
 from .sharding import shard_state
 from .state import Variable
+
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every optimiser (and wrapper) alive in this process
 
 
 def _params(params) -> tuple[list, object]:
@@ -50,6 +54,7 @@ class Optimizer(TraceKeyed):
     update: its master copy restarts from it."""
 
     def __init__(self, params, lr, master_weights: bool | None = None):
+        LIVE.add(self)  # (rp.memory_report)
         self.params, self.treedef = _params(params)
         self.lr = lr
         self.step = Variable(np.zeros((), np.int64), name="opt.step")
@@ -207,6 +212,7 @@ class CrossReplicaOptimizer(TraceKeyed):
                 or not loss_scale > 0):
             raise ReplicateError(f"loss_scale must be 'dynamic', a number > 0 or None, got "
                                  f"{loss_scale!r}")
+        LIVE.add(self)
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.accumulate = int(accumulate)

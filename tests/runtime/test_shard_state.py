@@ -136,6 +136,14 @@ def test_sharded_equals_unsharded(tmp_path, n):
         # 1/n of the slots plus at most one element of padding per parameter
         slack = r["sharded_vars"] * 8
         assert r["state_bytes"] <= r["plain_state_bytes"] / n + slack, (name, r)
+        # rp.memory_report: the arrays held, this process's slices only
+        report, plain = r["report"], r["plain_report"]
+        assert report["optimizer_state"] == r["held"]["state"], (name, report, r["held"])
+        assert report["master_weights"] == r["held"]["master_weights"], (name, report)
+        assert report["parameters"] == plain["parameters"]  # (parameters stay whole)
+        assert report["optimizer_state"] <= plain["optimizer_state"] / n + slack + 8, name
+        if name.startswith("bf16"):
+            assert 0 < report["master_weights"] <= plain["master_weights"] / n + 4 * 4, name
 
 
 @pytest.mark.mpi

@@ -109,15 +109,22 @@ def state_bytes(opt) -> int:
 def oracle(out):
     results = {}
     for name, cfg in CONFIGS.items():
-        plain = whole_state(*train(cfg, False))
+        plain_params, plain_opt = train(cfg, False)
+        plain = whole_state(plain_params, plain_opt)
         params, opt = train(cfg, True)
         sharded = whole_state(params, opt)
+        held = {kind: int(sum(v.value.nbytes for k, v in opt.variables().items()
+                              if k.startswith(("master/", "accumulated/")) == (kind != "state")
+                              and k.startswith("master/") == (kind == "master_weights")))
+                for kind in ("state", "master_weights")}
         diff = {k: float(np.max(np.abs(plain[k] - sharded[k]))) for k in plain}
         results[name] = {"diff": diff, "max": max(diff.values()),
                          "bitwise": all(np.array_equal(plain[k], sharded[k]) for k in plain),
                          "moved": float(np.max(np.abs(plain["p/w1"] - make_params(
                              cfg.get("dtype", "float64"))["w1"].numpy().astype(np.float64)))),
                          "sharded_vars": len(opt.sharded()),
+                         "report": rp.memory_report(opt), "held": held,
+                         "plain_report": rp.memory_report(plain_opt),
                          "state_bytes": state_bytes(opt),
                          "plain_state_bytes": state_bytes(make_optimizer(
                              cfg, make_params(cfg.get("dtype", "float64")), False))}
