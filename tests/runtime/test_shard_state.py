@@ -151,7 +151,7 @@ def test_sharded_equals_unsharded(tmp_path, n):
 def test_a_sharded_checkpoint_restores_into_1_and_3_processes(tmp_path):
     """A checkpoint of a 2-process sharded run holds the whole state (equal to the unsharded
     run's); restored into 1 and 3 processes, sharded (resliced) or not, it saves back bitwise
-    and trains on alike."""
+    and trains on alike. The same run's asynchronous checkpoint equals the synchronous one."""
     run([MPIEXEC, "-n", "2", sys.executable, "shard_mpi.py", "save", str(tmp_path)], check=True)
     for n in (1, 3):
         out = tmp_path / f"restore{n}.json"
@@ -160,6 +160,7 @@ def test_a_sharded_checkpoint_restores_into_1_and_3_processes(tmp_path):
         data = json.loads(out.read_text())
         assert data["size"] == n
         assert data["saved_vs_plain"] == 0.0
+        assert data["background_equal"]  # the asynchronous checkpoint, 2 processes, sharded
         assert "o/m/0" in data["keys"] and "p/w1" in data["keys"]
         assert data["resaved_equal"] == {"True": True, "False": True}, data
         assert data["trained_diff"] <= 1e-12, data

@@ -4,6 +4,8 @@
     mpiexec -n N python shard_mpi.py save DIR            # a sharded run's checkpoint
     mpiexec -n M python shard_mpi.py restore DIR OUT.json
 
+``save`` also writes an asynchronous checkpoint (``Checkpoint(asynchronous=True)``: the
+sharded state gathered on the writer's thread) that must equal the synchronous one.
 ``oracle``: each configuration trains the same model from the same start twice, with
 ``wrap_optimizer(..., shard=False)`` and ``shard=True``, and records the largest difference of
 the parameters and of the whole optimiser state (each process's slices gathered), and how much
@@ -64,7 +66,7 @@ def make_optimizer(cfg, params, shard):
     return rp.wrap_optimizer(base, shard=shard, **cfg.get("wrap", {}))
 
 
-def train(cfg, shard, steps=6, state=None, start=None):
+def train(cfg, shard, steps=6, callbacks=None, start=None):
     params = make_params(cfg.get("dtype", "float64"))
     opt = make_optimizer(cfg, params, shard)
     if start is not None:
@@ -85,7 +87,7 @@ def train(cfg, shard, steps=6, state=None, start=None):
 
     rep = rp.Replicator(input_fn, step_fn, replicas_per_rank=cfg.get("k", 1),
                         check_finite=cfg.get("check_finite", False))
-    rep.run(steps=steps)
+    rep.run(steps=steps, callbacks=callbacks(params, opt) if callbacks else ())
     return params, opt
 
 
@@ -137,7 +139,12 @@ CK = CONFIGS["adamw-clip"]
 
 
 def save(folder):
-    params, opt = train(CK, True, steps=3)
+    def background(params, opt):  # an asynchronous checkpoint of the same state
+        return [rp.callbacks.Checkpoint(os.path.join(folder, "background-{step}.npz"),
+                                        {"p": params, "o": opt.variables()}, every=3,
+                                        asynchronous=True)]
+
+    params, opt = train(CK, True, steps=3, callbacks=background)
     rp.checkpoint.save(os.path.join(folder, "sharded.npz"), {"p": params, "o": opt.variables()},
                        step=3)
     params, opt = train(CK, False, steps=3)
@@ -165,10 +172,14 @@ def restore(folder, out):
                 for s in again}
         plain = checkpoint.load(os.path.join(folder, "plain.npz"))[0]
         saved_vs_plain = max(float(np.max(np.abs(saved[k] - plain[k]))) for k in saved)
+        background = checkpoint.load(os.path.join(folder, "background-3.npz"))[0]
+        background_equal = sorted(background) == sorted(saved) and all(
+            np.array_equal(background[k], saved[k]) for k in saved)
         diff = max(float(np.max(np.abs(final[True][k] - final[False][k]))) for k in final[True])
         with open(out, "w") as f:
             json.dump({"size": world().size, "resaved_equal": same, "trained_diff": diff,
-                       "saved_vs_plain": saved_vs_plain, "keys": sorted(saved)}, f)
+                       "saved_vs_plain": saved_vs_plain, "keys": sorted(saved),
+                       "background_equal": background_equal}, f)
 
 
 if __name__ == "__main__":
