@@ -42,6 +42,7 @@ from .function import Function, function
 from .graph.autodiff import grad, value_and_grad
 from .graph.core import Array, Graph
 from .graph.devices import logical_device
+from .memory import memory_report
 from .optim import wrap_optimizer
 from .remat import remat
 from .runtime import ActorContext, ActorLearner, Replicator
@@ -76,4 +77,5 @@ __all__ = [
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
     "process_index", "ActorLearner", "ActorContext", "ActorError", "profile", "remat",
+    "memory_report",
 ]

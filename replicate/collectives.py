@@ -33,6 +33,12 @@ def all_reduce(nest, op: str = "sum"):
     return _apply(nest, "all_reduce", op=op)
 
 
+def gradient_mean(nest, shard: bool = False):
+    """``all_reduce(nest, "mean")`` of gradients (``wrap_optimizer``); ``shard``: marked for
+    the sharded-state rewrite (``graph/passes/shard_state.py``: a reduce-scatter)."""
+    return _apply(nest, "all_reduce", op="mean", **({"shard": True} if shard else {}))
+
+
 def all_gather(nest, axis: int = 0, tiled: bool = False):
     """Every replica's leaf, in replica order: stacked along a new ``axis``, or concatenated
     along ``axis`` when ``tiled``."""

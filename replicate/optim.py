@@ -10,17 +10,23 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import numpy as rnp
 from . import tree
-from .collectives import all_reduce
+from .collectives import all_reduce, gradient_mean
 from .control import cond
 from .dependency import TraceKeyed
 from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
 from .graph.core import Array, current_trace
+from .schedules import step_decay, warmup_cosine  # noqa: F401  (rp.optim.*)
+from .sharding import shard_state
 from .state import Variable
+
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every optimiser (and wrapper) alive in this process
 
 
 def _params(params) -> tuple[list, object]:
@@ -73,6 +79,7 @@ class Optimizer(TraceKeyed):
     eager_numpy = False
 
     def __init__(self, params, lr, master_weights: bool | None = None):
+        LIVE.add(self)  # (rp.memory_report)
         self.params, self.treedef = _params(params)
         self.lr = lr
         self.step = Variable(np.zeros((), np.int64), name="opt.step")
@@ -250,7 +257,8 @@ class CrossReplicaOptimizer(TraceKeyed):
     ``wrap_optimizer``); made by :func:`wrap_optimizer`, which documents the options."""
 
     def __init__(self, optimizer: Optimizer, max_grad_norm: float | None = None,
-                 accumulate: int = 1, loss_scale=None, growth_interval: int = 2000):
+                 accumulate: int = 1, loss_scale=None, growth_interval: int = 2000,
+                 shard: bool = False):
         if not isinstance(optimizer, Optimizer):
             raise ReplicateError(f"wrap_optimizer wraps an rp.optim optimiser, got "
                                  f"{type(optimizer).__name__}")
@@ -263,6 +271,7 @@ class CrossReplicaOptimizer(TraceKeyed):
                 or not loss_scale > 0):
             raise ReplicateError(f"loss_scale must be 'dynamic', a number > 0 or None, got "
                                  f"{loss_scale!r}")
+        LIVE.add(self)
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.accumulate = int(accumulate)
@@ -280,6 +289,13 @@ class CrossReplicaOptimizer(TraceKeyed):
         if dynamic:
             self.scale_var = Variable(np.float32(2.0 ** 15), name="opt.loss_scale")
             self.good_steps = Variable(np.zeros((), np.int64), name="opt.good_steps")
+        self.shard = bool(shard)
+        if self.shard:
+            shard_state(optimizer)
+
+    def sharded(self) -> list:
+        """The Variables of which this process holds only its slice (``shard=True``)."""
+        return [v for v in self.variables().values() if v.shard is not None]
 
     # -- what the user calls ------------------------------------------------------------------
     @property
@@ -332,7 +348,13 @@ class CrossReplicaOptimizer(TraceKeyed):
                 b.assign(rnp.zeros(b.shape, b.dtype))
             self.micro.assign(rnp.zeros((), np.int64))
             leaves = [g * (1.0 / self.accumulate) for g in leaves]
-        leaves = all_reduce(leaves, "mean")
+        if self.shard and current_trace() is None:
+            raise ReplicateError(
+                "wrap_optimizer(..., shard=True).apply in eager mode: the sharded update is a "
+                "rewrite of a compiled step (reduce-scatter, update this process's slice, "
+                "all-gather). Run the step in graph mode — Replicator(mode='graph') (the "
+                "default) or rp.function — or use shard=False in eager mode")
+        leaves = gradient_mean(leaves, shard=self.shard)
         scale = self._scale_value()
         if scale is not None:
             leaves = [g / rnp.cast(scale, g.dtype) for g in leaves]
@@ -371,7 +393,8 @@ class CrossReplicaOptimizer(TraceKeyed):
 
 
 def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None, *,
-                   accumulate: int = 1, loss_scale=None, growth_interval: int = 2000):
+                   accumulate: int = 1, loss_scale=None, growth_interval: int = 2000,
+                   shard: bool = False):
     """Average gradients across replicas before every update (then clip them to
     ``max_grad_norm``, a norm global over all replicas).
 
@@ -385,9 +408,17 @@ def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None, *,
     ``growth_interval`` steps without overflow, and on a step whose reduced gradients are not
     finite halves and skips the update — every replica and rank decides alike, from the
     all-reduced gradients themselves (no extra exchange). ``opt.loss_scale`` reads it; it is in
-    ``opt.variables()``, so checkpoints keep it. A number: a fixed scale."""
+    ``opt.variables()``, so checkpoints keep it. A number: a fixed scale.
+
+    ``shard=True``: sharded optimiser state (ZeRO-1/2) over the processes. Each process keeps
+    only its 1/n slice of the optimiser's slots (and float32 master weights); in the compiled
+    step the gradients' all-reduce becomes a reduce-scatter, each process updates its slice,
+    and the new parameters are all-gathered (``graph/passes/shard_state.py``). The results
+    equal the unsharded step's (bitwise but for the global norm of ``max_grad_norm``, whose
+    partial sums add in another order). Checkpoints hold the whole state (gathered on save) and
+    restore into any number of processes. Graph mode only; one process: no effect."""
     return CrossReplicaOptimizer(optimizer, max_grad_norm, accumulate, loss_scale,
-                                 growth_interval)
+                                 growth_interval, shard)
 
 
 def global_norm(grads):
@@ -409,36 +440,3 @@ def clip_by_global_norm(grads, max_norm: float, cross_replica: bool = False):
         norm = rnp.sqrt(all_reduce(norm * norm, "sum"))
     scale = rnp.minimum(1.0, max_norm / (norm + 1e-12))
     return tree.tree_map(lambda g: g * rnp.cast(scale, rnp.as_array(g).dtype), grads)
-
-
-def warmup_cosine(base_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
-    """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to ``final_lr`` at
-    ``total_steps``. Returns ``schedule(step)`` (works on traced steps).
-
-    >>> import replicate.numpy as rnp
-    >>> s = warmup_cosine(1.0, 10, 110)
-    >>> [round(float(s(rnp.asarray(t))), 3) for t in (5, 10, 60, 110)]
-    [0.5, 1.0, 0.5, 0.0]
-    """
-
-    def schedule(step):
-        t = rnp.cast(step, np.float64)
-        warm = base_lr * t / max(warmup_steps, 1)
-        progress = rnp.clip((t - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
-        cosine = final_lr + 0.5 * (base_lr - final_lr) * (1.0 + rnp.cos(np.pi * progress))
-        return rnp.where(t < warmup_steps, warm, cosine)
-
-    return schedule
-
-
-def step_decay(base_lr: float, boundaries, factor: float = 0.1):
-    """``base_lr`` times ``factor`` for every boundary the step has passed."""
-
-    def schedule(step):
-        t = rnp.cast(step, np.float64)
-        lr = rnp.asarray(base_lr, np.float64)
-        for b in boundaries:
-            lr = rnp.where(t >= b, lr * factor, lr)
-        return lr
-
-    return schedule

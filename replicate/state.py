@@ -126,6 +126,9 @@ class Variable:
         self._device = None  # (Device, array): the value in a device backend's memory
         self._away = None  # model parallelism: (where it lives, shape, dtype) while not here
         self.home = None  # model parallelism: where it lives (set by runtime/variables/owners.py)
+        # sharded optimiser state (wrap_optimizer(shard=True)): ``value`` is this process's flat
+        # slice, cut by this ``graph.passes.shard_state.ShardLayout``; ``shape`` the whole one's
+        self.shard = None
         self.value = value[None].copy() if per_replica else value
         self._fresh = self.per_replica
         self._eager: Array | None = None
@@ -199,6 +202,7 @@ class Variable:
 
     # (a per-replica variable: one replica's value)
     shape = property(lambda self: self._away[1] if self._away is not None else
+                     self.shard.shape if self.shard is not None else
                      self.held.shape[1:] if self.per_replica else self.held.shape)
     dtype = property(lambda self: self._away[2] if self._away is not None else self.held.dtype)
     ndim = property(lambda self: len(self.shape))
@@ -206,8 +210,8 @@ class Variable:
 
     @property
     def shared(self) -> bool:
-        """One value on every replica and rank (neither ``local`` nor ``per_replica``)."""
-        return not (self.local or self.per_replica)
+        """One value on every replica and rank (not ``local``, ``per_replica`` or sharded)."""
+        return not (self.local or self.per_replica or self.shard is not None)
 
     def bind_replicas(self, k: int) -> None:
         """A per-replica variable used by a step of ``k`` replicas in this process: a fresh one
@@ -241,6 +245,12 @@ class Variable:
         own = getattr(hooks, "values", None)
         if own and id(self) in own:  # an actor's published copy (not the learner's value)
             return concrete(own[id(self)])
+        if self.shard is not None:
+            raise ReplicateError(
+                f"Variable {self.name!r} is sharded optimiser state (wrap_optimizer(shard=True)): "
+                "this process holds only its slice, which a compiled step updates — eager mode "
+                "cannot read it. Train in graph mode (Replicator(mode='graph'), the default, or "
+                "rp.function), or use shard=False.")
         if self._eager is None:
             if self.per_replica:  # eager mode: one replica per process
                 self.bind_replicas(1)
@@ -270,6 +280,8 @@ class Variable:
         if self.per_replica:  # (outside a step: every replica of this process)
             self.value = np.repeat(new.value[None], self.value.shape[0], axis=0)
             self._fresh = False
+        elif self.shard is not None:  # (outside a step: this process's slice of it)
+            self.value = self.shard.part(new.value)
         else:
             self.value = new.value
         self._eager = None  # the next read starts a fresh tape leaf

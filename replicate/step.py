@@ -10,6 +10,7 @@ lowers it into a ``CompiledStep``, which feeds the variables in and writes their
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -150,6 +151,9 @@ class StepCache:
                       key=lambda s: s.key[1])
 
 
+LAST_RUN: list = [None]  # a weak reference to the compiled step this process ran last
+
+
 class CompiledStep:
     """One compiled signature of a step: ``graph`` (the step after the collective rewrite and the
     merge of the replicas' updates), ``executable`` (what the backend runs: ``.graph`` after its
@@ -184,6 +188,7 @@ class CompiledStep:
         memory; the batch leaves are copied up (device arrays pass as they are) and the results
         copied down in one transfer (``on_device``: left on the device)."""
         meta, device = self.graph.meta, self.executable.device
+        LAST_RUN[0] = weakref.ref(self)  # (rp.memory_report: its planned bytes)
         fed = meta.variables if meta.fed is None else meta.fed  # (logical devices: its own)
         state.note_input_thread_reads(fed)
         if getattr(state.hooks, "values", None):  # an actor thread: its published copy

@@ -49,6 +49,8 @@ class Transport(Protocol):
 
     def allgather(self, x, comm=None): ...  # (processes, *x.shape)
 
+    def reduce_scatter(self, x, op: str, comm=None): ...  # this rank's chunk of flat x reduced
+
     def broadcast(self, x, root: int, comm=None): ...
 
     def start(self, x, op: str, owned: bool = False, comm=None): ...  # a bucket's allreduce

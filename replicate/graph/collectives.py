@@ -73,6 +73,13 @@ def _gathered(x, *, size, **_):
     return AVal((size,) + x.shape, x.dtype)
 
 
+def _scattered(x, *, size, **_):
+    if len(x.shape) != 1 or x.shape[0] % size:
+        raise ShapeError(f"mpi_reduce_scatter takes a flat buffer of a multiple of {size} "
+                         f"elements, got {x}")
+    return AVal((x.shape[0] // size,), x.dtype)
+
+
 # Communication must run on every rank even where its result is unused (say, the gradient of a
 # broadcast on a rank without the root): ``effect`` keeps dead-code elimination and CSE off it.
 _PLACEHOLDER = dict(effect=True, placeholder=True)
@@ -91,6 +98,9 @@ declare("local_reduce", COLLECTIVE, _same_all, differentiable=False, host=False)
 declare("mpi_allreduce", COLLECTIVE, _same, **_EXCHANGE)
 declare("mpi_allgather", COLLECTIVE, _gathered, **_EXCHANGE)
 declare("mpi_broadcast", COLLECTIVE, _same, **_EXCHANGE)
+# sharded optimiser state (``passes/shard_state.py``): this process's chunk of a flat buffer
+# reduced over the processes
+declare("mpi_reduce_scatter", COLLECTIVE, _scattered, **_EXCHANGE)
 # gradient bucketing with overlap: start a flat buffer's all-reduce on the communication thread
 # (the value is a handle), and wait for it where the result is needed
 declare("comm_start", COLLECTIVE, _same, **_EXCHANGE)
@@ -105,6 +115,7 @@ EXCHANGES = {
                                                                                   comm),
     "mpi_allgather": lambda t, x, *, comm=None, **_: t.allgather(x, comm),
     "mpi_broadcast": lambda t, x, *, root, comm=None, **_: t.broadcast(x, root, comm),
+    "mpi_reduce_scatter": lambda t, x, *, op, comm=None, **_: t.reduce_scatter(x, op, comm),
     "comm_start": lambda t, x, *, op, owned=False, comm=None, **_: t.start(x, op, owned, comm),
     "comm_wait": lambda t, handle, **_: t.wait(handle),
 }

@@ -186,6 +186,8 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,
                     new.where, new.placed = members[0].where, members[0].placed
                     if comm is not None and REGISTRY[new.prim].exchange:
                         new.attrs = dict(new.attrs, comm=comm)
+                    if members[0].attrs.get("shard") and new.prim == "mpi_allreduce":
+                        new.attrs = dict(new.attrs, shard=True)  # (passes/shard_state.py)
                 for m, value in zip(members, lowered[seq]):
                     rb.subst[m.out.id] = value
     return rb.finish()

@@ -14,13 +14,15 @@ check_placement       logical devices: replicas agree on placement; a parameter 
 replicate_collectives the placeholders become communication (on the device's group)
 pipeline_order        logical devices: the GPipe order
 cse                   k > 1: the k copies of every update after an exchange become one
+shard_state           wrap_optimizer(shard=True): reduce-scatter, update this process's
+                      slice of the state, all-gather the parameters (ZeRO-1/2)
 collective_schedule   what the ranks compare before they exchange anything
 split_devices         logical devices: this device's part (transfers become send/recv)
 merge_updates         one value per updated variable
 dce                   dead code removed
 ====================  =================================================================
 
-A new step rewrite (sharded optimiser state, rematerialisation) is one more row here.
+A new step rewrite (a hierarchical all-reduce, say) is one more row here.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .dce import dce
 from .merge_updates import merge_updates
 from .pipeline import check_placement, describe_pipeline, pipeline_order, placement_schedule
 from .replicate_collectives import replicate_collectives
+from .shard_state import shard_state
 from .split_devices import split_devices
 
 
@@ -179,6 +182,9 @@ STEP_PASSES = (
     Pass("pipeline_order", lambda g, c: pipeline_order(g, c.micro), _model_parallel),
     # (merges the k copies of what follows the exchange, transfers included)
     Pass("cse", lambda g, c: cse(g), lambda c: c.replicas > 1),
+    # (after CSE: the k replicas' updates are one, so the slice is computed once)
+    Pass("shard_state", lambda g, c: shard_state(g, c.processes, c.rank, c.devices,
+                                                 c.device_comm), shows="sharded state"),
     Pass("collective_schedule", schedule_pass),
     Pass("split_devices", split_devices_pass, _model_parallel, shows="this logical device"),
     Pass("merge_updates", lambda g, c: merge_updates(g)),

@@ -72,6 +72,12 @@ class _Transport:
     def allgather(self, x, comm=None):
         return self._watched("allgather", x, lambda: self.wait(self._gather(x)))
 
+    def reduce_scatter(self, x, op: str, comm=None):
+        """This rank's chunk of the flat ``x`` reduced: the whole all-reduce, then the chunk
+        (bitwise the host's; the device path does not save the gather half yet)."""
+        chunk = x.size // self.size
+        return self.allreduce(x, op).reshape(-1)[self.rank * chunk:(self.rank + 1) * chunk]
+
     def broadcast(self, x, root: int, comm=None):
         return self._watched(f"broadcast(root={root})", x, lambda: self.wait(
             self._broadcast(self.cp.array(x, copy=True, order="C"), root)))

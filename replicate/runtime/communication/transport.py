@@ -2,18 +2,49 @@
 to the host and back.
 
 A transport (``backends.base.Transport``) is how a process's exchanges run: ``allreduce``,
-``allgather``, ``broadcast``, and a bucket's ``start``/``wait``. Three implement it — the host
-(here, over ``comm.py``'s fixed-order MPI collectives and the communication thread of
-``overlap.py``), NCCL and a CUDA-aware MPI (``device_collectives.py``) — and every exchange node
-of a lowered graph calls it through one table (``graph.collectives.EXCHANGES``): the reference
-table's rows (``host_rows.py``) with ``HOST``, a device backend's communication nodes
-(``backends/cupy_comm.py``) with the transport ``gpu_transport.py`` chose for it.
+``allgather``, ``reduce_scatter``, ``broadcast``, and a bucket's ``start``/``wait``. Three
+implement it — the host (here, over ``comm.py``'s fixed-order MPI collectives and the
+communication thread of ``overlap.py``), NCCL and a CUDA-aware MPI (``device_collectives.py``)
+— and every exchange node of a lowered graph calls it through one table
+(``graph.collectives.EXCHANGES``): the reference table's rows (``host_rows.py``) with
+``HOST``, a device backend's communication nodes (``backends/cupy_comm.py``) with the
+transport ``gpu_transport.py`` chose for it.
 """
 
 from __future__ import annotations
 
-from .comm import group
+import numpy as np
+
+from .comm import _CHUNK_BYTES, _combine, group
 from .overlap import reduce_parts, start_allreduce
+
+
+def reduce_scatter(comm, x, op: str) -> np.ndarray:
+    """This rank's chunk (of ``comm.size`` equal ones) of the rank-ordered combination of every
+    rank's flat ``x``: the all-to-all half of ``comm.MPIComm._allreduce_split``, so bitwise that
+    chunk of ``allreduce`` (whose every path combines in rank order). Each rank sends (n-1)/n
+    of the bytes, in pieces of ``_CHUNK_BYTES``."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    n = comm.size
+    if n == 1:
+        return flat.copy()
+    if flat.size % n:
+        raise ValueError(f"reduce_scatter of {flat.size} elements over {n} ranks")
+    rows, chunk = flat.reshape(n, -1), flat.size // n
+    out = np.empty(chunk, x.dtype)
+    step = max(1, _CHUNK_BYTES // max(1, x.itemsize * n))
+    ident = comm._enter(f"reduce_scatter({op})", x)  # (the stall watchdog sees it)
+    try:
+        for lo in range(0, max(chunk, 1), step):
+            send = np.ascontiguousarray(rows[:, lo:lo + step])
+            recv = np.empty_like(send)
+            count = send.shape[1] * x.itemsize  # (bytes to and from each rank)
+            comm.comm.Alltoall([comm._bytes(send), count, comm.MPI.BYTE],
+                               [comm._bytes(recv), count, comm.MPI.BYTE])
+            out[lo:lo + step] = _combine(recv, op)
+        return out
+    finally:
+        comm._leave(ident)
 
 
 class HostTransport:
@@ -32,6 +63,10 @@ class HostTransport:
 
     def allgather(self, x, comm=None):
         return group(comm).allgather(x)
+
+    def reduce_scatter(self, x, op: str, comm=None):
+        """This rank's chunk of the rank-ordered reduction of the flat ``x``."""
+        return reduce_scatter(group(comm), x, op)
 
     def broadcast(self, x, root: int, comm=None):
         return group(comm).bcast(x, root)
@@ -62,6 +97,9 @@ class HostStaged:
     def allgather(self, x, comm=None):
         return self.device.to_device(HOST.allgather(self.device.to_host(x), comm))
 
+    def reduce_scatter(self, x, op: str, comm=None):
+        return self.device.to_device(HOST.reduce_scatter(self.device.to_host(x), op, comm))
+
     def broadcast(self, x, root: int, comm=None):
         return self.device.to_device(HOST.broadcast(self.device.to_host(x), root, comm))
 
@@ -72,4 +110,4 @@ class HostStaged:
         return self.device.to_device(HOST.wait(handle))
 
 
-__all__ = ["HOST", "HostStaged", "HostTransport"]
+__all__ = ["HOST", "HostStaged", "HostTransport", "reduce_scatter"]

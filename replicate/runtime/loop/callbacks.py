@@ -15,6 +15,7 @@ import numpy as np
 from ... import tree
 from ...errors import ReplicateError
 from ..variables import checkpoint
+from ..variables.background import BackgroundWriter
 
 
 def scalars(outputs) -> dict:
@@ -52,15 +53,22 @@ class Checkpoint:
     """Save ``state`` every ``every`` steps to ``path_pattern.format(step=...)``; keep the last
     ``keep`` files (0: all), counting the ones an earlier run left under the same pattern.
 
+    ``asynchronous=True``: the state is copied at the step boundary and written by a thread
+    while training goes on (``runtime/variables/background.py``: the same file and guarantees;
+    one write in flight, the next save waits for it; ``Replicator.run`` waits for the last one
+    at its end, and a failed write raises there or at the next save, on every rank).
+
     Resume with ``Replicator.restore(path_pattern, state)``: it takes the newest intact file (a
     truncated or corrupt one is skipped with a warning), so keep at least 2."""
 
-    def __init__(self, path_pattern: str, state, every: int, keep: int = 3):
+    def __init__(self, path_pattern: str, state, every: int, keep: int = 3,
+                 asynchronous: bool = False):
         if int(every) < 1 or int(keep) < 0:
             raise ReplicateError(f"Checkpoint: every must be >= 1 and keep >= 0, got every="
                                  f"{every!r}, keep={keep!r}")
         self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
         self.written: list[str] | None = None  # oldest first; found on disk at the first save
+        self.asynchronous, self.writer = bool(asynchronous), None
 
     def __call__(self, rep, step, outputs):
         if step % self.every:
@@ -69,9 +77,23 @@ class Checkpoint:
             self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
                             if s < step]
         path = self.pattern.format(step=step)
-        checkpoint.save(path, self.state, step=step, comm=rep.comm,
-                        verify=getattr(rep, "check_sync", True) is not False)
-        if rep.rank == 0:
+        verify = getattr(rep, "check_sync", True) is not False
+        if not self.asynchronous:
+            checkpoint.save(path, self.state, step=step, comm=rep.comm, verify=verify)
+            self._rotate(rep.rank, path)
+            return
+        if self.writer is None:
+            self.writer = BackgroundWriter(rep.comm)
+        self.writer.submit(path, self.state, step, verify,
+                           then=lambda: self._rotate(rep.rank, path))
+
+    def wait(self) -> None:
+        """Wait for an asynchronous write in flight; raise its error."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def _rotate(self, rank, path):
+        if rank == 0:
             if path in self.written:  # a fixed name ("last.npz") was just overwritten: keep it
                 self.written.remove(path)
             self.written.append(path)

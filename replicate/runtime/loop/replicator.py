@@ -173,6 +173,9 @@ class Replicator:
                 for cb in callbacks:
                     cb(self, self.step, outputs)
             watchdog.set_step(self.step, "the end of run")
+            for cb in callbacks:  # (an asynchronous checkpoint's last write)
+                if callable(getattr(cb, "wait", None)):
+                    cb.wait()
             if self._deferred:
                 self._deferred.flush(history)  # (every waiting step's outputs, one exchange)
             self.layout.gather(self.variables())  # (logical devices: every Variable everywhere)

@@ -46,6 +46,7 @@ from ...errors import (
     source_line,
     user_frame,
 )
+from ...sharding import load_whole, whole_values
 from ...state import Variable
 from ..checks import sync_check
 from ..communication.agree import RESTORE, SAVE, agree
@@ -112,7 +113,7 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
                               f"before writing checkpoint {path!r}")
         else:
             comm.allgather_obj(None)
-    replicas = _every_replica(comm, variables)
+    replicas = {**_every_replica(comm, variables), **whole_values(comm, variables)}
     error = None
     if comm.rank == 0:
         try:
@@ -317,7 +318,7 @@ def restore(path: str, state, comm=None) -> dict:
     for name, var in variables.items():
         value = np.array(arrays[name])
         if not var.per_replica:
-            var.load(value)
+            load_whole(var, value)  # (sharded optimiser state: this process's slice)
         elif saved_replicas[name] == 0:  # the starting value of every replica
             var.restart(value[0])
         else:  # this rank's replicas' rows
