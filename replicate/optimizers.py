@@ -1,0 +1,241 @@
+"""The optimisers: their state is ``Variable``s, so it is traced in graph mode and checkpointed;
+``update`` is written once and runs traced (graph mode) or on NumPy arrays (eager mode).
+``replicate.optim`` is the public module (these, the cross-replica wrapper, the schedules)."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import numpy as rnp
+from . import tree
+from .dependency import TraceKeyed
+from .dtypes import compute_dtype, is_low_precision
+from .errors import ReplicateError
+from .graph.core import Array, current_trace
+from .state import Variable
+
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every optimiser (and wrapper) alive in this process
+
+
+def _params(params) -> tuple[list, object]:
+    if hasattr(params, "parameters") and callable(params.parameters):
+        params = params.parameters()
+    leaves, treedef = tree.flatten(params)
+    for p in leaves:
+        if not isinstance(p, Variable):
+            raise ReplicateError(f"optimisers update Variables; got {type(p).__name__}")
+    return leaves, treedef
+
+
+class _Traced:
+    """What ``update`` computes with in graph mode (and eager mode for other optimisers)."""
+    read = staticmethod(lambda var: var.read())
+    value = staticmethod(lambda x: x)
+    sqrt, power, where = staticmethod(rnp.sqrt), staticmethod(rnp.power), staticmethod(rnp.where)
+    cast = staticmethod(rnp.cast)
+
+
+class _Eager:
+    """... and in eager mode: the values as NumPy arrays (a Variable read through ``read``, so
+    every hook a read has still runs)."""
+    read = staticmethod(lambda var: var.read().value)
+    value = staticmethod(lambda x: x.value if isinstance(x, Array) else np.asarray(x))
+    sqrt, power, where = staticmethod(np.sqrt), staticmethod(np.power), staticmethod(np.where)
+    cast = staticmethod(lambda x, dtype: _Eager.value(x).astype(dtype, copy=False))
+
+
+_TRACED, _EAGER = _Traced, _Eager
+
+
+class Optimizer(TraceKeyed):
+    """Base: holds the parameters, a step counter and per-parameter slots.
+
+    Its hyper-parameters (``lr``, momentum, ...) are read when a step is traced: assigning one
+    (``opt.lr = 1e-4``) after the step was compiled makes it trace again. A learning rate that
+    changes every step belongs in a schedule (``lr=fn(step)``), which is traced once.
+
+    Low-precision parameters (float16, bfloat16): the update is computed in float32, the slots
+    (momentum, Adam's moments) are float32, and with ``master_weights`` (the default for such
+    parameters) the optimiser keeps a float32 copy of each one that the updates accumulate into
+    — the parameter is that copy rounded, so small updates are not lost to rounding. A
+    parameter assigned from outside (a checkpoint, pretrained weights) is noticed at the next
+    update: its master copy restarts from it."""
+
+    # ``update`` is written with ``self.xp`` (``read``, ``sqrt``, ``power``, ``cast``, ``where``)
+    # and arithmetic, so eager mode may run it on NumPy arrays; a subclass whose ``update``
+    # uses ``replicate.numpy`` directly leaves this False and runs op by op in eager mode
+    eager_numpy = False
+
+    def __init__(self, params, lr, master_weights: bool | None = None):
+        LIVE.add(self)  # (rp.memory_report)
+        self.params, self.treedef = _params(params)
+        self.lr = lr
+        self.step = Variable(np.zeros((), np.int64), name="opt.step")
+        low = [is_low_precision(p.dtype) for p in self.params]
+        self.master_weights = any(low) if master_weights is None else bool(master_weights)
+        self.master = [Variable(p.value.astype(np.float32), name=f"{p.name}.master")
+                       if lo and self.master_weights else None for p, lo in zip(self.params, low)]
+
+    def slot(self, name: str) -> list[Variable]:
+        return [Variable(np.zeros(p.shape, compute_dtype(p.dtype)), name=f"{p.name}.{name}")
+                for p in self.params]
+
+    def lr_at(self, step):
+        """The learning rate at (traced) ``step``: a number or a schedule ``fn(step)``."""
+        return self.lr(step) if callable(self.lr) else self.lr
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the next update uses (a schedule evaluated at the next step)."""
+        if not callable(self.lr):
+            return float(self.lr)
+        return float(np.asarray(rnp.as_array(self.lr(rnp.asarray(self.step.value + 1))).numpy()))
+
+    def apply(self, grads) -> None:
+        """Update every parameter from its gradient (a nest shaped like the parameters)."""
+        leaves, treedef = tree.flatten(grads)
+        if len(leaves) != len(self.params):
+            raise ReplicateError(f"{type(self).__name__}.apply: {len(leaves)} gradients for "
+                                 f"{len(self.params)} parameters")
+        self.traced_by()
+        # eager mode: the built-in updates run on the values as NumPy arrays — no tape (an
+        # update is never differentiated) and no per-op dispatch, the same ops in the same
+        # order as the compiled step, so the same values
+        xp = _EAGER if self.eager_numpy and current_trace() is None else _TRACED
+        self.xp = xp
+        step = xp.read(self.step) + 1
+        self.step.assign(step)
+        lr = self.lr_at(step)
+        if xp is _EAGER and not isinstance(lr, (int, float)):
+            lr = xp.value(rnp.as_array(lr))
+        for i, (p, g) in enumerate(zip(self.params, leaves)):
+            g = xp.value(rnp.as_array(g))
+            if g.shape != p.shape:
+                raise ReplicateError(f"gradient for {p.name} has shape {g.shape}, parameter "
+                                     f"{p.shape}")
+            work = compute_dtype(p.dtype)
+            value = xp.read(p)
+            master = self.master[i]
+            if master is not None:  # the float32 copy, unless p was assigned from outside
+                m = xp.read(master)
+                value = xp.where(xp.cast(m, p.dtype) == value, m, xp.cast(value, work))
+            new = self.update(i, xp.cast(value, work), xp.cast(g, work), lr, step)
+            if master is not None:
+                master.assign(new)
+            p.assign(xp.cast(new, p.dtype))
+
+    def update(self, i, p, g, lr, step):
+        raise NotImplementedError
+
+    def variables(self) -> dict:
+        """The optimiser's own state by name (for checkpoints): step and every slot."""
+        out = {"step": self.step}
+        for key, value in vars(self).items():
+            if isinstance(value, list) and any(isinstance(v, Variable) for v in value) \
+                    and value is not self.params:
+                for i, var in enumerate(value):
+                    if var is not None:
+                        out[f"{key}/{i}"] = var
+        return out
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, Nesterov and weight decay."""
+
+    eager_numpy = True
+
+    def __init__(self, params, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
+                 master_weights=None):
+        super().__init__(params, lr, master_weights)
+        self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
+        self.velocity = self.slot("velocity") if momentum else []
+
+    def update(self, i, p, g, lr, step):
+        if self.weight_decay:
+            g = g + self.weight_decay * p
+        if self.momentum:
+            v = self.momentum * self.xp.read(self.velocity[i]) + g
+            self.velocity[i].assign(v)
+            g = g + self.momentum * v if self.nesterov else v
+        return p - lr * g
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba); with ``decoupled_weight_decay`` it is AdamW."""
+
+    eager_numpy = True
+
+    def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                 decoupled_weight_decay=False, master_weights=None):
+        super().__init__(params, lr, master_weights)
+        self.b1, self.b2, self.eps = b1, b2, eps
+        self.weight_decay, self.decoupled = weight_decay, decoupled_weight_decay
+        self.m, self.v = self.slot("m"), self.slot("v")
+
+    def update(self, i, p, g, lr, step):
+        if self.weight_decay and not self.decoupled:
+            g = g + self.weight_decay * p
+        xp = self.xp
+        m = self.b1 * xp.read(self.m[i]) + (1 - self.b1) * g
+        v = self.b2 * xp.read(self.v[i]) + (1 - self.b2) * (g * g)
+        self.m[i].assign(m)
+        self.v[i].assign(v)
+        step_size, root2, keep = self._step_scalars(step, lr, p.dtype)
+        if keep is not None:  # decoupled weight decay: p (1 - lr wd)
+            p = p * keep
+        # PyTorch's order: lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        return p - m / (xp.sqrt(v) / root2 + self.eps) * step_size
+
+    def apply(self, grads) -> None:
+        try:
+            super().apply(grads)
+        finally:
+            self._scalars = None  # (holds this trace's values)
+
+    def _step_scalars(self, step, lr, dtype):
+        """The step's scalars (the bias corrections, the decay factor), made once per update
+        rather than once per parameter (eager mode runs every op; graph mode would merge them)."""
+        key = (step, lr, dtype)
+        cached = getattr(self, "_scalars", None)
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
+        xp = self.xp
+        t = xp.cast(step, dtype)
+        step_size = lr / (1 - xp.power(np.asarray(self.b1, dtype), t))
+        root2 = xp.sqrt(1 - xp.power(np.asarray(self.b2, dtype), t))
+        keep = 1 - lr * self.weight_decay if self.weight_decay and self.decoupled else None
+        self._scalars = (key, (step_size, root2, keep))
+        return self._scalars[1]
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter)."""
+
+    def __init__(self, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2,
+                 master_weights=None):
+        super().__init__(params, lr, b1, b2, eps, weight_decay, decoupled_weight_decay=True,
+                         master_weights=master_weights)
+
+
+class RMSProp(Optimizer):
+    """RMSProp (Hinton), optionally with momentum."""
+
+    eager_numpy = True
+
+    def __init__(self, params, lr=1e-3, decay=0.9, eps=1e-8, momentum=0.0, master_weights=None):
+        super().__init__(params, lr, master_weights)
+        self.decay, self.eps, self.momentum = decay, eps, momentum
+        self.ms = self.slot("ms")
+        self.mom = self.slot("mom") if momentum else []
+
+    def update(self, i, p, g, lr, step):
+        xp = self.xp
+        ms = self.decay * xp.read(self.ms[i]) + (1 - self.decay) * g * g
+        self.ms[i].assign(ms)
+        delta = lr * g / (xp.sqrt(ms) + self.eps)
+        if self.momentum:
+            delta = self.momentum * xp.read(self.mom[i]) + delta
+            self.mom[i].assign(delta)
+        return p - delta
