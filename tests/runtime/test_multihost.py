@@ -112,3 +112,31 @@ def test_the_reductions_cross_the_links_bitwise(cluster):
     assert "ok" in result.stdout, report(result)
     crossed = [after - b for after, b in zip(c.link_bytes(), before)]
     assert min(crossed) > 20e6, f"bytes over each host's link: {crossed}\n{report(result)}"
+
+
+@needs_cluster
+def test_two_level_all_reduce_on_two_hosts_of_two(cluster):
+    """2 hosts × 2 processes: the reductions take the two-level path (within each host, then one
+    buffer per host), bitwise the rank-ordered combination and the flat path's on every rank, in
+    pieces of both levels, in place, four dtypes; compressed on the network only when asked."""
+    c = cluster(2)
+    result = launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py")
+    assert "levels: 2 hosts x 2" in result.stdout and "ok" in result.stdout, report(result)
+
+
+@needs_cluster
+def test_two_level_all_reduce_sends_one_buffer_per_host(cluster):
+    """Two all-reduces of 16 MB on 2 hosts × 2 processes: with two levels each host's link
+    carries the buffer once each way (2 × 2 × 16 MB, plus headers); the flat path sends each
+    process's share (1.75 times as much: MPICH's ring all-gather crosses twice)."""
+    c = cluster(2)
+    size, crossed = 16 << 20, {}
+    for two_level in ("1", "0"):
+        before = c.link_bytes()
+        launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py", "--bytes", "16",
+               env=child_env(REPLICATE_TWO_LEVEL=two_level))
+        crossed[two_level] = [a - b for a, b in zip(c.link_bytes(), before)]
+    for link in crossed["1"]:
+        assert 2 * 2 * size <= link < 1.15 * 2 * 2 * size, crossed
+    for link in crossed["0"]:
+        assert link > 1.5 * 2 * 2 * size, crossed
