@@ -74,7 +74,10 @@ def test_oracle_across_hosts_is_bitwise_the_one_host_run(cluster, tmp_path, host
              "ppn": ["-f", c.hostfile(), "-ppn", "2"]}[how]
     job = ["oracle.py", "--k", str(k), "--mode", mode, "--opt", "adam", "--steps", "6"]
     out, ref = str(c.folder) + "/params.npz", str(tmp_path / "ref.npz")
+    before = c.link_bytes()
     launch(c, "-n", str(n), *where, job[0], out, *job[1:])
+    crossed = [a - b for a, b in zip(c.link_bytes(), before)]
+    assert min(crossed) > 50_000, f"a host took no part: bytes over the links {crossed}"
     one_host(n, job[0], ref, *job[1:])
     got = load_both(out)  # (rank 0 and rank 1 bitwise equal)
     assert_bitwise(got, load_both(ref), f"{hosts} hosts vs one host")
