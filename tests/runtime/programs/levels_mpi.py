@@ -7,9 +7,10 @@ of several processes each, for tests/runtime/test_multihost.py:
 Every check: rank 0 prints ``levels: H hosts x L`` (or ``levels: none``); every reduction —
 small, odd sizes, in pieces of both levels, in place, sum/max/min, four dtypes — is bitwise the
 rank-ordered combination and the flat path's, on every rank; with ``network_compress`` the
-result is the rank-ordered combination rounded where a partial leaves a host. Exits non-zero on
-the first difference, else rank 0 prints ``ok``. ``--bytes MB``: two all-reduces of MB
-megabytes, nothing else (the test reads the links' byte counters around the job).
+result is the rank-ordered combination rounded where a partial leaves a host; five training
+steps (plain, and overlapped in several buckets) give bitwise the flat path's parameters.
+Exits non-zero on the first difference, else rank 0 prints ``ok``. ``--bytes MB``: two
+all-reduces of MB megabytes, nothing else (the test reads the links' byte counters around it).
 """
 
 from __future__ import annotations
@@ -72,6 +73,27 @@ def check(w, failures):
             failures.append(f"network_compress={wire}: nothing was compressed")
 
 
+def train(options):
+    """Five SGD steps of a 64-512-10 MLP (38 k parameters: above the gathered path), one
+    replica per process; the parameters' bytes."""
+    import replicate as rp
+
+    rng = np.random.default_rng(0)
+    model = rp.nn.Sequential(rp.nn.Linear(64, 512, rng=rng), rp.nn.relu,
+                             rp.nn.Linear(512, 10, rng=rng))
+    opt = rp.wrap_optimizer(rp.optim.SGD(model.parameters(), lr=0.1))
+    data = np.random.default_rng(C.world().rank)
+    x, y = data.standard_normal((32, 64)).astype(np.float32), data.integers(0, 10, 32)
+
+    def step_fn(batch):
+        loss = rp.nn.softmax_cross_entropy(model(batch[0]), batch[1]).mean()
+        opt.apply(rp.grad(loss, model.parameters()))
+        return {"loss": loss}
+
+    rp.Replicator(lambda ctx: iter(lambda: (x, y), None), step_fn, options=options).run(5)
+    return b"".join(v.numpy().tobytes() for v in model.parameters().values())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytes", type=int, default=0, help="only two all-reduces of this many MB")
@@ -89,6 +111,12 @@ def main():
     failures = []
     if w.levels is not None:
         check(w, failures)
+        for options in ({}, {"overlap": True, "bucket_bytes": 80_000}):
+            hierarchy.configure(two_level=False)
+            flat = train(options)
+            hierarchy.configure(two_level=True)
+            if train(options) != flat:
+                failures.append(f"training with {options}: two levels differ from the flat path")
     if failures:
         raise SystemExit("bitwise differences: " + "; ".join(failures))
     if w.rank == 0:
