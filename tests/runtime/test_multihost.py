@@ -143,3 +143,19 @@ def test_two_level_all_reduce_sends_one_buffer_per_host(cluster):
         assert 2 * 2 * size <= link < 1.15 * 2 * 2 * size, crossed
     for link in crossed["0"]:
         assert link > 1.5 * 2 * 2 * size, crossed
+
+
+@needs_cluster
+def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_one(cluster):
+    """Rank 1, on the second host, raises: its traceback reaches the launcher's output through
+    mpiexec, the job exits non-zero, and the launcher — which sees only the records of the ranks
+    on its own host — names the ranks it could not judge instead of blaming rank 0, which
+    mpiexec ended."""
+    c = cluster(2)
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "--hosts",
+                                  ",".join(c.names), "failures_mpi.py", "input-raises"]
+    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    assert result.returncode != 0, report(result)
+    assert "input failed on rank 1" in result.stderr, report(result)
+    assert "rank 0 ended first" not in result.stderr, report(result)
+    assert "ranks [1] left no record here" in result.stderr, report(result)
