@@ -91,8 +91,9 @@ def test_checkpoint_written_across_hosts_resumes_on_one_host(cluster, tmp_path):
     resumed by a job on one host, which ends bitwise where an uninterrupted one-host job ends."""
     c = cluster(2)
     ck = os.path.join(c.folder, "ck", "step-{step:04d}.npz")
-    launch(c, "-n", "2", "-f", c.hostfile(), "faults_resume.py", str(tmp_path / "first.npz"),
-           "--steps", "6", "--ckpt", ck)
+    first = os.path.join(c.folder, "first.npz")
+    launch(c, "-n", "2", "-f", c.hostfile(), "faults_resume.py", first, "--steps", "6",
+           "--ckpt", ck)
     assert os.path.exists(ck.format(step=6)), os.listdir(os.path.dirname(ck))
     resumed, full = str(tmp_path / "resumed.npz"), str(tmp_path / "full.npz")
     result = one_host(2, "faults_resume.py", resumed, "--steps", "12", "--ckpt", ck, "--resume")
