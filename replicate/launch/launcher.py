@@ -164,6 +164,12 @@ def verdict(returncode: int, records: dict, n: int, first=None) -> tuple[int, st
     report names only the processes it then killed."""
     if any(rec["state"] == status.FAILED for rec in records.values()):
         return returncode, None
+    unseen = [r for r in range(n) if r not in records]  # (on hosts that do not share the folder)
+    if unseen and returncode != 0:
+        return returncode, (f"{PREFIX} mpiexec returned {returncode}; ranks {unseen} left no "
+                            "record here (they ran on other hosts, where this launcher's folder "
+                            "is not shared, or ended before starting): their own lines above "
+                            "say which failed and why.")
     unfinished = {r: rec for r, rec in sorted(records.items()) if rec["state"] != status.DONE}
     if not unfinished:
         return returncode, None

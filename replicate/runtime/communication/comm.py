@@ -8,7 +8,9 @@ whatever the buffer's size or how it is cut into buckets, so a run is reproducib
   which is the same in either order), in pieces of ``_CHUNK_BYTES`` (MPICH's shared-memory path
   is markedly faster on pieces of a few MB than on one message of 100 MB);
 * otherwise an all-to-all hands every rank one slice of every rank's buffer, combined in rank
-  order and gathered back (a ring all-reduce's traffic), also in pieces of ``_CHUNK_BYTES``.
+  order and gathered back (a ring all-reduce's traffic), also in pieces of ``_CHUNK_BYTES``;
+* with several hosts of several ranks each, the two-level path of ``hierarchy.py``: within each
+  host, then one buffer per host along a chain of the hosts, in the same order.
 """
 
 from __future__ import annotations
@@ -25,23 +27,11 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ..job import hooks, mpi_shm, status, watchdog
 from ..job.watchdog import TRACKER, Call
+from .hierarchy import Levels, combine, settings
 
 _SPLIT_MIN = 4096  # elements per rank below which gathering whole buffers is cheaper
 _CHUNK_BYTES = 4 << 20  # large reductions go in pieces of this size
 _NATIVE_DTYPES = {np.dtype(t) for t in ("float32", "float64", "int32", "int64")}
-_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-
-
-def _combine(rows: np.ndarray, op: str) -> np.ndarray:
-    """``rows[0] op rows[1] op ...``, left to right: IEEE-exact like MPI's own two-operand sum
-    (``np.sum`` starts from +0.0 and turns ``-0.0 + -0.0`` into ``+0.0``)."""
-    ufunc = _UFUNC[op]
-    out = np.array(rows[0])  # (a copy, and an array also where the rows are 0-d)
-    for row in rows[1:]:
-        ufunc(out, row, out=out)
-    return out
-
-
 def launched_by_mpi() -> bool:
     keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD", "PMIX_RANK")
     return any(k in os.environ for k in keys)
@@ -96,6 +86,7 @@ class MPIComm:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.label = label
         self.local_rank, self.local_size = 0, 1  # among this machine's ranks (``shared_split``)
+        self.levels = None  # the hosts' two levels, when the reductions use them (``hierarchy``)
         self.seq = 0  # cross-process calls entered on this communicator (same on every rank)
         self._dups = 0
         TRACKER.comms[label] = self
@@ -139,7 +130,10 @@ class MPIComm:
         ident = self._enter(f"allreduce({op})", x)
         try:
             if x.size < self.size * _SPLIT_MIN:
-                return _combine(self._allgather(x), op)
+                return combine(self._allgather(x), op)
+            if self.levels is not None and settings().two_level:
+                return self._chunked(x, self.levels.allreduce, op, inplace,
+                                     settings().local_chunk_bytes)
             if self.size == 2 and op == "sum" and x.dtype in _NATIVE_DTYPES:
                 # (max/min stay on the split path: MPI_MAX with a NaN depends on operand order)
                 return self._chunked(x, self._allreduce_native, op, inplace)
@@ -148,11 +142,12 @@ class MPIComm:
             self._leave(ident)
 
     @staticmethod
-    def _chunked(x: np.ndarray, reduce, op: str, inplace: bool = False) -> np.ndarray:
-        """``reduce`` over pieces of at most ``_CHUNK_BYTES`` (into ``x`` itself if ``inplace``)."""
+    def _chunked(x: np.ndarray, reduce, op: str, inplace: bool = False, chunk=None):
+        """``reduce`` over pieces of at most ``chunk`` bytes (default ``_CHUNK_BYTES``; into
+        ``x`` itself if ``inplace``)."""
         flat = x.reshape(-1)
         out = flat if inplace else np.empty_like(flat)
-        step = max(1, _CHUNK_BYTES // x.itemsize)
+        step = max(1, (chunk or _CHUNK_BYTES) // x.itemsize)
         for lo in range(0, flat.size, step):
             reduce(flat[lo:lo + step], op, out[lo:lo + step])
         return out.reshape(x.shape)
@@ -180,7 +175,7 @@ class MPIComm:
              self.MPI.BYTE],
             [self._bytes(recv), [mine * item] * n, [i * mine * item for i in range(n)],
              self.MPI.BYTE])
-        part = _combine(recv, op)  # (x may be out: everything was read by the all-to-all)
+        part = combine(recv, op)  # (x may be out: everything was read by the all-to-all)
         self.comm.Allgatherv([self._bytes(part), self.MPI.BYTE],
                              [self._bytes(out), (counts * item).tolist(),
                               (bounds[:-1] * item).tolist(), self.MPI.BYTE])
@@ -229,14 +224,15 @@ class MPIComm:
         finally:
             self._leave(ident)
         self._dups += 1
-        return MPIComm(comm, f"{self.label}.dup{self._dups}")
+        dup = MPIComm(comm, f"{self.label}.dup{self._dups}")
+        dup.levels = self.levels and self.levels.dup()
+        return dup
 
     def shared_split(self) -> None:
         """Set ``local_rank``/``local_size``: this rank among the ranks on its machine (MPI's
-        shared-memory split; a GPU process takes GPU ``local_rank % device count``)."""
-        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
-        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-        local.Free()
+        shared-memory split; a GPU process takes GPU ``local_rank % device count``), and the
+        hosts' ``levels`` where the two-level reduction applies."""
+        self.local_rank, self.local_size, self.levels = Levels.find(self.MPI, self.comm)
 
     def isend(self, x: np.ndarray, dest: int):
         """Start sending ``x`` (C-contiguous, kept alive by the caller until the request is

@@ -6,7 +6,7 @@ beside the host's (``transport.py``). Which one a process uses is chosen in ``gp
 Reductions are fixed-order and bitwise those of the host path (``comm.py``): the flat buffer,
 padded to ``ranks x chunk`` elements, goes through an all-to-all (rank r receives chunk r of
 every rank), rank r combines its ``ranks`` chunks in rank order (``a0 op a1 op ...``, one
-elementwise op at a time, as ``comm._combine``), and the combined chunks are all-gathered.
+elementwise op at a time, as ``hierarchy.combine``), and the combined chunks are all-gathered.
 Everything travels as bytes, so every dtype (bool, float16) goes as it is.
 
 NCCL runs on a stream of its own: before a collective that stream waits for an event recorded

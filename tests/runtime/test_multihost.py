@@ -1,0 +1,162 @@
+"""Jobs across hosts: a simulated cluster (``tests/cluster.py``: each host its own network,
+host name, IPC, ``/tmp`` and ``/dev/shm``, joined by rate-limited links) started the way a user
+starts one, ``python -m replicate.launch`` on the first host with ``-f hostfile``, ``--hosts``
+or ``-ppn``, hydra reaching the other hosts through a launcher shim in place of ssh.
+
+Each result is compared bitwise with the same job on one host (or, for the communicator, with
+the rank-ordered combination), and the links' byte counters show the data crossed them. Needs
+root (``ip netns``, ``unshare``); elsewhere these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from cluster import Cluster, why_not
+
+from conftest import PROGRAMS, child_env, load_both, needs_mpi, report, run
+
+pytestmark = needs_mpi
+TIMEOUT = 120
+NO_CLUSTER = why_not() if sys.platform.startswith("linux") else "needs Linux namespaces"
+needs_cluster = pytest.mark.skipif(NO_CLUSTER is not None, reason=str(NO_CLUSTER))
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """``make(n, rate)``: a simulated cluster of ``n`` hosts, removed after the test however it
+    ends (and by the next run, if this process is killed first)."""
+    made = []
+
+    def make(n, rate="10gbit"):
+        made.append(Cluster(n, str(tmp_path / f"cluster{len(made)}"), rate))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def launch(c, *args, env=None, timeout=TIMEOUT):
+    """``python -m replicate.launch ARGS`` on the cluster's first host, in the programs' folder."""
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", *args]
+    return run(cmd, env=c.env(env or child_env()), timeout=timeout, check=True)
+
+
+def one_host(n, *args):
+    """The same job on this machine alone."""
+    return run([sys.executable, "-m", "replicate.launch", "-n", str(n), *args], timeout=TIMEOUT,
+               check=True)
+
+
+def assert_bitwise(a: dict, b: dict, what: str):
+    assert set(a) == set(b), what
+    for key in a:
+        assert a[key].tobytes() == b[key].tobytes(), f"{what}: {key} differs"
+
+
+@needs_cluster
+@pytest.mark.parametrize("hosts,how,k,mode", [
+    (2, "hostfile", 2, "graph"),
+    (3, "hosts", 1, "eager"),
+    (2, "ppn", 1, "graph"),
+])
+def test_oracle_across_hosts_is_bitwise_the_one_host_run(cluster, tmp_path, hosts, how, k, mode):
+    """The oracle (R replicas ≡ one replica with R·B), trained across hosts, gives bitwise the
+    parameters of the same job on one host, on every rank, whichever way the hosts are named."""
+    c = cluster(hosts)
+    n = hosts * (2 if how == "ppn" else 1)
+    where = {"hostfile": ["-f", c.hostfile()],
+             "hosts": ["--hosts", ",".join(c.names)],
+             "ppn": ["-f", c.hostfile(), "-ppn", "2"]}[how]
+    job = ["oracle.py", "--k", str(k), "--mode", mode, "--opt", "adam", "--steps", "6"]
+    out, ref = str(c.folder) + "/params.npz", str(tmp_path / "ref.npz")
+    before = c.link_bytes()
+    launch(c, "-n", str(n), *where, job[0], out, *job[1:])
+    crossed = [a - b for a, b in zip(c.link_bytes(), before)]
+    assert min(crossed) > 50_000, f"a host took no part: bytes over the links {crossed}"
+    one_host(n, job[0], ref, *job[1:])
+    got = load_both(out)  # (rank 0 and rank 1 bitwise equal)
+    assert_bitwise(got, load_both(ref), f"{hosts} hosts vs one host")
+    last = f"{out}.rank{n - 1}.npz"
+    assert_bitwise(got, dict(np.load(last)), f"rank 0 vs rank {n - 1}")
+
+
+@needs_cluster
+def test_checkpoint_written_across_hosts_resumes_on_one_host(cluster, tmp_path):
+    """A checkpoint rank 0 writes to a folder every host shares, in a job across two hosts, is
+    resumed by a job on one host, which ends bitwise where an uninterrupted one-host job ends."""
+    c = cluster(2)
+    ck = os.path.join(c.folder, "ck", "step-{step:04d}.npz")
+    first = os.path.join(c.folder, "first.npz")
+    launch(c, "-n", "2", "-f", c.hostfile(), "faults_resume.py", first, "--steps", "6",
+           "--ckpt", ck)
+    assert os.path.exists(ck.format(step=6)), os.listdir(os.path.dirname(ck))
+    resumed, full = str(tmp_path / "resumed.npz"), str(tmp_path / "full.npz")
+    result = one_host(2, "faults_resume.py", resumed, "--steps", "12", "--ckpt", ck, "--resume")
+    assert "rank 0 resumed at step 6" in result.stdout, report(result)
+    one_host(2, "faults_resume.py", full, "--steps", "12")
+    a, b = dict(np.load(full)), dict(np.load(resumed))
+    assert int(a["_step"]) == int(b["_step"]) == 12
+    a.pop("_losses"), b.pop("_losses")
+    assert_bitwise(a, b, "resumed vs uninterrupted")
+
+
+@needs_cluster
+def test_the_reductions_cross_the_links_bitwise(cluster):
+    """2 hosts × 2 processes: every reduction path of the communicator gives bitwise the
+    rank-ordered combination (``comm_mpi.py``), and its bytes went over the links: each host's
+    link carried at least the buffers this host's ranks sent to the other host."""
+    c = cluster(2)
+    before = c.link_bytes()
+    result = launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "comm_mpi.py")
+    assert "ok" in result.stdout, report(result)
+    crossed = [after - b for after, b in zip(c.link_bytes(), before)]
+    assert min(crossed) > 20e6, f"bytes over each host's link: {crossed}\n{report(result)}"
+
+
+@needs_cluster
+def test_two_level_all_reduce_on_two_hosts_of_two(cluster):
+    """2 hosts × 2 processes: the reductions take the two-level path (within each host, then one
+    buffer per host), bitwise the rank-ordered combination and the flat path's on every rank, in
+    pieces of both levels, in place, four dtypes; compressed on the network only when asked."""
+    c = cluster(2)
+    result = launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py")
+    assert "levels: 2 hosts x 2" in result.stdout and "ok" in result.stdout, report(result)
+
+
+@needs_cluster
+def test_two_level_all_reduce_sends_one_buffer_per_host(cluster):
+    """Two all-reduces of 16 MB on 2 hosts × 2 processes: with two levels each host's link
+    carries the buffer once each way (2 × 2 × 16 MB, plus headers); the flat path sends each
+    process's share (1.75 times as much: MPICH's ring all-gather crosses twice)."""
+    c = cluster(2)
+    size, crossed = 16 << 20, {}
+    for two_level in ("1", "0"):
+        before = c.link_bytes()
+        launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py", "--bytes", "16",
+               env=child_env(REPLICATE_TWO_LEVEL=two_level))
+        crossed[two_level] = [a - b for a, b in zip(c.link_bytes(), before)]
+    for link in crossed["1"]:
+        assert 2 * 2 * size <= link < 1.15 * 2 * 2 * size, crossed
+    for link in crossed["0"]:
+        assert link > 1.5 * 2 * 2 * size, crossed
+
+
+@needs_cluster
+def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_one(cluster):
+    """Rank 1, on the second host, raises: its traceback reaches the launcher's output through
+    mpiexec, the job exits non-zero, and the launcher — which sees only the records of the ranks
+    on its own host — names the ranks it could not judge instead of blaming rank 0, which
+    mpiexec ended."""
+    c = cluster(2)
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "--hosts",
+                                  ",".join(c.names), "failures_mpi.py", "input-raises"]
+    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    assert result.returncode != 0, report(result)
+    assert "input failed on rank 1" in result.stderr, report(result)
+    assert "rank 0 ended first" not in result.stderr, report(result)
+    assert "ranks [1] left no record here" in result.stderr, report(result)
