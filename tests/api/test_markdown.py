@@ -1,7 +1,8 @@
-"""What a reader sees in the repository's Markdown (README.md and docs/**/*.md), read off a real
-CommonMark renderer (markdown-it-py, with GitHub's tables): every code fence closes, no heading
-or code block is swallowed by another code block, every line written as a ``#`` heading renders
-as one, and every relative link and ``#anchor`` resolves. (A stray fence once turned the second
+"""What a reader sees in the repository's Markdown (README.md, docs/**/*.md and bench/*.md: the
+documentation site's sources), read off a real CommonMark renderer (markdown-it-py, with GitHub's
+tables): every code fence closes, no heading or code block is swallowed by another code block,
+every line written as a ``#`` heading renders as one, and every relative link and ``#anchor``
+resolves. (A stray fence once turned the second
 half of the README into one code block: 12 headings vanished while every Python block still ran.)
 """
 
@@ -18,7 +19,8 @@ from conftest import ROOT
 markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py (the test extra) is not "
                                   "installed")
 
-DOCS = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+DOCS = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True) + \
+    glob.glob(os.path.join(ROOT, "bench", "*.md"))
 FILES = sorted(["README.md", *(os.path.relpath(p, ROOT) for p in DOCS)])
 RENDERER = markdown_it.MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
 FENCE_WITH_LANGUAGE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*[\w+-]")
