@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.parse
 
 import pytest
@@ -40,10 +39,11 @@ UNDOCUMENTED = {f"replicate.numpy.{n}" for n in (
 
 
 @pytest.fixture(scope="module")
-def site(testrun_uid):
-    """The site built once per test run (``mkdocs build --strict``), shared by the workers."""
+def site(testrun_uid, tmp_path_factory):
+    """The site built once per test run (``mkdocs build --strict``), shared by the xdist workers
+    (in the folder above theirs, which pytest removes with its old runs)."""
     key = hashlib.sha1(f"{ROOT}{testrun_uid}".encode()).hexdigest()[:12]
-    folder = os.path.join(tempfile.gettempdir(), f"replicate-site-{key}")
+    folder = os.path.join(tmp_path_factory.getbasetemp().parent, f"replicate-site-{key}")
     with open(folder + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(folder, "build.log")):
