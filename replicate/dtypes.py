@@ -39,6 +39,7 @@ def as_dtype(dtype) -> np.dtype:
 
 
 def is_float(dtype) -> bool:
+    """Whether ``dtype`` is a floating-point type (bfloat16 included)."""
     d = np.dtype(dtype)
     return d.kind == "f" or d == bfloat16
 

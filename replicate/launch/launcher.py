@@ -292,6 +292,8 @@ def _end(proc):
 
 
 def main(argv=None) -> int:
+    """``python -m replicate.launch [-n N] script.py args...``: the job under ``mpiexec``, watched
+    until it ends; returns its exit status."""
     nprocs, module, prefix, mpi_args, script, args = parse(
         sys.argv[1:] if argv is None else list(argv))
     cmd = command(nprocs, script, args, module, mpi_args)

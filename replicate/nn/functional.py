@@ -14,10 +14,12 @@ from .written_grads import gelu_tanh
 
 
 def relu(x):
+    """``max(x, 0)``, elementwise."""
     return rnp.maximum(x, 0.0)
 
 
 def leaky_relu(x, negative_slope=0.01):
+    """``x`` where positive, ``negative_slope * x`` elsewhere (PyTorch's default slope)."""
     return rnp.where(rnp.as_array(x) > 0, x, rnp.multiply(x, negative_slope))
 
 
@@ -108,11 +110,14 @@ def upsample(x, scale_factor, mode="nearest"):
 
 
 def log_softmax(x, axis=-1):
+    """``x - logsumexp(x)`` along ``axis`` (inside ``rp.autocast``, a float16/bfloat16 ``x`` in
+    float32)."""
     x = wide_operand(x)
     return x - rnp.logsumexp(x, axis=axis, keepdims=True)
 
 
 def softmax(x, axis=-1):
+    """``exp(log_softmax(x, axis))``: the probabilities along ``axis``."""
     return rnp.exp(log_softmax(x, axis))
 
 
@@ -143,11 +148,13 @@ def sigmoid_binary_cross_entropy(logits, targets):
 
 
 def mse(pred, target):
+    """The squared error ``(pred - target)**2`` per element (not averaged)."""
     d = rnp.subtract(wide_operand(pred), wide_operand(target))
     return d * d
 
 
 def huber(pred, target, delta=1.0):
+    """The Huber loss per element: quadratic up to ``delta``, linear beyond (not averaged)."""
     d = rnp.abs(rnp.subtract(wide_operand(pred), wide_operand(target)))
     quadratic = rnp.minimum(d, delta)
     return 0.5 * quadratic * quadratic + delta * (d - quadratic)

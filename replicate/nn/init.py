@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["default_rng", "glorot_uniform", "he_normal", "lecun_uniform", "normal", "zeros", "ones"]
+
 _default = np.random.default_rng(0)
 
 
@@ -25,29 +27,35 @@ def _fans(shape):
 
 
 def glorot_uniform(shape, rng=None, dtype=np.float32):
+    """Uniform in ``±sqrt(6 / (fan_in + fan_out))`` (Glorot & Bengio)."""
     fan_in, fan_out = _fans(shape)
     limit = np.sqrt(6.0 / (fan_in + fan_out))
     return (rng or _default).uniform(-limit, limit, shape).astype(dtype)
 
 
 def he_normal(shape, rng=None, dtype=np.float32):
+    """Normal with standard deviation ``sqrt(2 / fan_in)`` (He et al.)."""
     fan_in, _ = _fans(shape)
     return ((rng or _default).normal(size=shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
 
 
 def lecun_uniform(shape, rng=None, dtype=np.float32):
+    """Uniform in ``±sqrt(3 / fan_in)``: variance ``1 / fan_in`` (LeCun)."""
     fan_in, _ = _fans(shape)
     limit = np.sqrt(3.0 / fan_in)
     return (rng or _default).uniform(-limit, limit, shape).astype(dtype)
 
 
 def normal(shape, std=0.01, rng=None, dtype=np.float32):
+    """Normal with standard deviation ``std``."""
     return ((rng or _default).normal(size=shape) * std).astype(dtype)
 
 
 def zeros(shape, rng=None, dtype=np.float32):
+    """All zeros (``rng`` is unused: every initialiser takes one)."""
     return np.zeros(shape, dtype)
 
 
 def ones(shape, rng=None, dtype=np.float32):
+    """All ones (``rng`` is unused: every initialiser takes one)."""
     return np.ones(shape, dtype)

@@ -67,6 +67,8 @@ def progress_total(steps, done: int, iterators, prefetcher=None, pending: bool =
 
 
 def steps_left(iterators) -> int | None:
+    """The batches the fewest-left of ``iterators`` still yields (``shard_batches`` iterators
+    count them); None when any does not know."""
     known = [getattr(it, "total_steps", None) for it in iterators]
     return None if not known or None in known else min(known)
 
@@ -125,5 +127,7 @@ def _shard_batches(data, batch_size, ctx, seed, epochs, shuffle, remainder, star
 
 
 def steps_per_epoch(n: int, batch_size: int, num_replicas: int, remainder: str = "drop") -> int:
+    """Global steps in one pass over ``n`` rows, as ``shard_batches`` takes them: the last partial
+    global batch dropped (``remainder="drop"``) or padded (``"pad"``)."""
     g = batch_size * num_replicas
     return n // g if remainder == "drop" else -(-n // g)

@@ -1,0 +1,170 @@
+"""The documentation site (mkdocs.yml, docs/_site/): it builds with warnings as errors and no
+network, every internal link of the built pages resolves, a page renders in headless Chromium
+(title, navigation, a highlighted code block, the theme's script ran), and every public name in
+the API reference has a docstring."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import html
+import html.parser
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "docs", "_site"))
+for _package in ("mkdocs", "material", "mkdocstrings_handlers.python", "markdown_it"):
+    pytest.importorskip(_package, reason="the docs extra is not installed "
+                        "(pip install -e '.[docs]')")
+import hooks  # noqa: E402  (docs/_site/hooks.py)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Names without a docstring yet, left to their owners: the NumPy namespace's generated
+# elementwise, shape and reduction functions (replicate/numpy), and ml_dtypes' bfloat16 type.
+UNDOCUMENTED = {f"replicate.numpy.{n}" for n in (
+    "abs add argmax argmin broadcast_to cos divide equal exp expand_dims expm1 greater "
+    "greater_equal less less_equal log log1p max maximum min minimum multiply negative "
+    "not_equal ones_like ravel rsqrt sigmoid sign sin sqrt squeeze subtract swapaxes tanh "
+    "transpose true_divide zeros_like").split()} | {"replicate.bfloat16", "replicate.nn.sigmoid",
+                                                   "replicate.nn.tanh"}
+
+
+@pytest.fixture(scope="module")
+def site(testrun_uid, tmp_path_factory):
+    """The site built once per test run (``mkdocs build --strict``), shared by the xdist workers
+    (in the folder above theirs, which pytest removes with its old runs)."""
+    key = hashlib.sha1(f"{ROOT}{testrun_uid}".encode()).hexdigest()[:12]
+    folder = os.path.join(tmp_path_factory.getbasetemp().parent, f"replicate-site-{key}")
+    with open(folder + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(folder, "build.log")):
+            env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+            result = subprocess.run(
+                [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", folder],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+            with open(os.path.join(folder, "build.log"), "w") as f:
+                f.write(f"{result.returncode}\n{result.stdout}{result.stderr}")
+    with open(os.path.join(folder, "build.log")) as f:
+        code, log = f.read().split("\n", 1)
+    assert code == "0", "mkdocs build --strict failed:\n" + log[-4000:]
+    return folder
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids, self.external = [], set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        target = attrs.get("href") if tag in ("a", "link") else attrs.get("src")
+        if target and tag in ("link", "script", "img") and re.match(r"^(https?:)?//", target):
+            self.external.append(target)
+        if target:
+            self.links.append(target)
+
+
+def _parse(path):
+    parser = _Links()
+    with open(path) as f:
+        parser.feed(f.read())
+    return parser
+
+
+def test_the_site_builds_with_every_page(site):
+    for page in ["index.html", "ARCHITECTURE.html", "bench/RESULTS.html",
+                 "reference/replicate.html", "reference/replicate.nn.html",
+                 "reference/replicate.numpy.html", "reference/replicate.optim.html"]:
+        assert os.path.isfile(os.path.join(site, page)), page
+    # every README section is a page, and the reference shows every public name
+    sections = hooks.split_readme(open(os.path.join(ROOT, "README.md")).read())
+    assert len(sections) >= 10
+    for section in sections:
+        assert os.path.isfile(os.path.join(site, section["path"][:-3] + ".html")), section
+    with open(os.path.join(site, "reference", "replicate.optim.html")) as f:
+        text = f.read()
+    for name in hooks.public_names("replicate.optim"):
+        assert f'id="replicate.optim.{name}"' in text, name
+
+
+def test_every_internal_link_of_the_site_resolves(site):
+    broken, external, pages = [], [], 0
+    for folder, _, files in os.walk(site):
+        for name in files:
+            if not name.endswith(".html") or name == "404.html":  # 404 links from the site root
+                continue
+            pages += 1
+            path = os.path.join(folder, name)
+            found = _parse(path)
+            external += [f"{name}: {t}" for t in found.external]
+            for target in found.links:
+                if re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|//)", target):
+                    continue
+                url = urllib.parse.urlsplit(target)
+                file = os.path.normpath(os.path.join(folder, urllib.parse.unquote(url.path))) \
+                    if url.path else path
+                if not os.path.exists(file):
+                    broken.append(f"{os.path.relpath(path, site)}: {target}")
+                elif url.fragment and file.endswith(".html") and \
+                        urllib.parse.unquote(url.fragment) not in _parse(file).ids:
+                    broken.append(f"{os.path.relpath(path, site)}: {target} (no such anchor)")
+    assert pages >= 20
+    assert broken == [], "\n".join(broken[:40])
+    assert external == [], "the pages load from the network:\n" + "\n".join(external[:20])
+
+
+def _chromium(url, *args, tmp_path):
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900",
+           "--virtual-time-budget=5000", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get "
+                    "install chromium; .ci/run installs it where apt-get works)")
+def test_a_page_renders_in_headless_chromium(site, tmp_path):
+    # the first README section with a Python example
+    sections = hooks.split_readme(open(os.path.join(ROOT, "README.md")).read())
+    section = next(s for s in sections[1:] if "```python" in s["text"])
+    page = os.path.join(site, section["path"][:-3] + ".html")
+    result = _chromium("file://" + page, "--dump-dom", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = result.stdout
+    title = re.search(r"<title>(.*?)</title>", dom, re.S)
+    assert title and html.unescape(title.group(1)) == f"{section['title']} - replicate", title
+    nav = re.search(r'<nav class="md-nav md-nav--primary".*?md-sidebar--secondary', dom, re.S)
+    assert nav, "no navigation"
+    for entry in ("Getting started", "Concepts", "Guides", "API reference", "replicate.optim"):
+        assert entry in nav.group(0), entry
+    assert re.search(r'<div class="highlight">.*?<pre.*?<code', dom, re.S), "no code block"
+    assert 'data-clipboard-target="#__code_' in dom, \
+        "the theme's script did not run (no copy button on the code blocks)"
+    shot = tmp_path / "page.png"
+    result = _chromium("file://" + page, f"--screenshot={shot}", tmp_path=tmp_path)
+    assert result.returncode == 0 and shot.stat().st_size > 10_000, result.stderr[-2000:]
+
+
+def test_every_public_name_has_a_docstring():
+    missing = []
+    for _, module, _ in hooks.REFERENCE:
+        mod = __import__(module, fromlist=["_"])
+        for name in hooks.public_names(module):
+            obj = getattr(mod, name)
+            if not (inspect.isclass(obj) or callable(obj)):
+                continue  # constants (pi, newaxis, NO_VALUE) are described where they are used
+            doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else inspect.getdoc(obj)
+            if not doc and f"{module}.{name}" not in UNDOCUMENTED:  # (a class's own, not inherited)
+                missing.append(f"{module}.{name}")
+    assert missing == [], "public names without a docstring: " + ", ".join(missing)
