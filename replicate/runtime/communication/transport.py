@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import _CHUNK_BYTES, _combine, group
+from .comm import _CHUNK_BYTES, group
+from .hierarchy import combine
 from .overlap import reduce_parts, start_allreduce
 
 
@@ -41,7 +42,7 @@ def reduce_scatter(comm, x, op: str) -> np.ndarray:
             count = send.shape[1] * x.itemsize  # (bytes to and from each rank)
             comm.comm.Alltoall([comm._bytes(send), count, comm.MPI.BYTE],
                                [comm._bytes(recv), count, comm.MPI.BYTE])
-            out[lo:lo + step] = _combine(recv, op)
+            out[lo:lo + step] = combine(recv, op)
         return out
     finally:
         comm._leave(ident)
