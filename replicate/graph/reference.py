@@ -97,29 +97,11 @@ def _logistic_np(x, out=None):
 def _scatter_add_np(g, *idx, index, shape):
     out = np.zeros(shape, g.dtype)
     ix = index_tuple(index, idx)
-    if len(index) == 1 and index[0][0] == "array" and idx[0].size > 1 and len(shape):
-        _segment_sum(out, idx[0].reshape(-1), g.reshape((-1,) + tuple(shape[1:])))
-    elif idx:
+    if idx:
         np.add.at(out, ix, g)
     else:
         out[ix] = g
     return out
-
-
-def _segment_sum(out, rows, g):
-    """``np.add.at(out, rows, g)`` (an embedding's gradient) by a stable sort and one
-    ``add.reduceat``, several times faster: each row's updates summed by NumPy's reduction
-    (pairwise where it can: ``add.at`` adds one after another, so the last bits may differ, and
-    the result is as deterministic). Indices out of range: ``add.at``'s own IndexError."""
-    n = out.shape[0]
-    if rows.min() < -n or rows.max() >= n:
-        np.add.at(out, rows, g)
-        return
-    rows = np.where(rows < 0, rows + n, rows)
-    order = np.argsort(rows, kind="stable")
-    ordered = rows[order]
-    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-    out[ordered[starts]] += np.add.reduceat(g[order], starts, axis=0)
 
 
 # -- counter-based random numbers: a murmur3-style mix of (key, counter), uint32 throughout ------
