@@ -6,10 +6,14 @@ the run. So two jobs given one pattern cannot mix: a job's first save under a pa
 already holds another run's files is refused (``CheckpointError``) unless the job continues that
 run — it restored from one of its files (``Replicator.restore``/``rp.checkpoint.restore``), or
 names it (``Checkpoint(..., run=ID)``) — and rotation deletes only its own run's files.
+While a job saves under a pattern, its rank 0 holds a lock file beside the files
+(``.<name>.lock``, holding the run id): a second live job on the same pattern is refused even
+when it restored the same run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
@@ -18,6 +22,7 @@ import secrets
 from ...errors import CheckpointError, ReplicateError
 from .archive import read_info
 
+_locks: dict[str, int] = {}  # {lock file: its descriptor}, held until the process ends
 _continued: dict[str, str | None] = {}  # {absolute path: run id} of the files restored here
 
 
@@ -57,14 +62,48 @@ def run_of(path: str):
         return None
 
 
+def lock_file(pattern: str) -> str:
+    """The lock file of a pattern: ``ck/step-{step}.npz`` -> ``ck/.step-run.npz.lock``."""
+    m = re.search(r"\{step(:[^}]*)?\}", pattern)
+    base = pattern if m is None else pattern[:m.start()] + "run" + pattern[m.end():]
+    return os.path.join(os.path.dirname(os.path.abspath(base)), f".{os.path.basename(base)}.lock")
+
+
 def claim(pattern: str, run: str | None = None) -> str:
-    """The run id for saving under ``pattern`` (rank 0, at a run's first save): ``run`` if
-    given, the run of the pattern's file this process restored, a new one if the pattern names
-    no file; otherwise a ``CheckpointError`` naming the runs found."""
-    if run is not None:
-        if not (isinstance(run, str) and re.fullmatch(r"[0-9a-f]{1,64}", run)):
-            raise ReplicateError(f"Checkpoint: run must be a run id (hex digits), got {run!r}")
-        return run
+    """The run id for saving under ``pattern`` (rank 0, at a run's first save), with the
+    pattern's lock: ``run`` if given, the run of the pattern's file this process restored, a
+    new one if the pattern names no file; otherwise a ``CheckpointError`` naming the runs
+    found, or the live job that holds the lock."""
+    if run is not None and not (isinstance(run, str) and re.fullmatch(r"[0-9a-f]{1,64}", run)):
+        raise ReplicateError(f"Checkpoint: run must be a run id (hex digits), got {run!r}")
+    fd = _lock(pattern)
+    run = run or _which(pattern)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{run} {os.getpid()}\n".encode(), 0)
+    return run
+
+
+def _lock(pattern: str) -> int:
+    path = lock_file(pattern)
+    if path in _locks:
+        return _locks[path]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held = os.pread(fd, 200, 0).decode(errors="replace").split()
+        os.close(fd)
+        raise CheckpointError(
+            f"checkpoint pattern {pattern!r} is in use by another live job (run "
+            f"{held[0] if held else '?'}, pid {held[1] if len(held) > 1 else '?'}, lock "
+            f"{path!r}); two jobs saving under one pattern would delete each other's files: "
+            "give this job its own pattern") from None
+    _locks[path] = fd
+    return fd
+
+
+def _which(pattern: str) -> str:
     files = step_files(pattern)
     mine = [os.path.abspath(path) for _, path in files if os.path.abspath(path) in _continued]
     if mine:
