@@ -111,6 +111,26 @@ def test_a_one_machine_job_has_no_listener_another_user_can_connect_to(tmp_path)
     assert proc.returncode == 0 and out.count("sum") == 2, (out, err)
 
 
+LEAKER = """
+import socket, subprocess, sys
+server = socket.create_server(("127.0.0.1", 0))
+server.set_inheritable(True)
+subprocess.run(sys.argv[1:], close_fds=False, check=True)
+client = socket.create_connection(server.getsockname(), timeout=5)
+server.settimeout(5)
+server.accept()
+print("still accepting")
+"""
+
+
+@mpi
+def test_a_listener_leaked_by_whoever_started_mpiexec_is_left_alone(tmp_path):
+    """Only mpiexec's own control port is closed, never a socket its parent let it inherit."""
+    result = run([sys.executable, "-c", LEAKER, MPIEXEC, "-n", "2", sys.executable,
+                  "exposure_mpi.py", "wait", str(tmp_path)])
+    assert result.returncode == 0 and "still accepting" in result.stdout, report(result)
+
+
 @mpi
 @as_root
 def test_shared_memory_made_by_another_user_stops_the_job_before_any_message():

@@ -7,8 +7,8 @@ bytes. So, around ``MPI_Init`` (``comm.world``):
 * ``before_mpi``: when every rank of the job runs on this machine (hydra's ``MPI_LOCALNRANKS``
   equals ``PMI_SIZE``), UCX leaves out its network transports (``UCX_TLS=^tcp,ib``: shared
   memory and CUDA remain, no TCP listener at all) unless the user set ``UCX_TLS``; and the
-  listening sockets this process inherited (hydra's control port: ``mpiexec`` listens on every
-  interface and its ranks inherit the socket) are noted;
+  listening sockets this process inherited from ``mpiexec`` (hydra's control port: it listens
+  on every interface, and its ranks inherit the socket) are noted;
 * ``after_mpi``: once MPI is up every process manager's proxy has connected, so a socket filter
   that drops every packet is attached to those inherited listeners — the port stays open in
   ``ss`` but nobody can connect any more (the kernel drops the SYN) — and the MPICH
@@ -42,14 +42,19 @@ def one_machine(environ) -> bool:
 
 
 def listeners() -> list:
-    """The listening TCP sockets this process holds (each a new ``socket`` on a duplicate of
-    the descriptor)."""
+    """The listening TCP sockets this process inherited from hydra's ``mpiexec`` (each a new
+    ``socket`` on a duplicate of the descriptor): held by this rank's parent (hydra's proxy) and
+    by its parent ``mpiexec``, but not by whoever started ``mpiexec`` (a socket that process
+    leaked is someone else's, left alone)."""
+    proxy = os.getppid()
+    server = _parent(proxy)
+    if _name(proxy) != "hydra_pmi_proxy" or not _name(server).startswith("mpiexec"):
+        return []
+    theirs = _sockets(server) - _sockets(_parent(server))
     found = []
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        return found
-    for fd in fds:
+    for fd, inode in _sockets_of_fds("self").items():
+        if inode not in theirs or inode not in _sockets(proxy):
+            continue
         try:
             sock = socket.socket(fileno=os.dup(fd))
         except OSError:
@@ -63,6 +68,43 @@ def listeners() -> list:
             pass
         sock.close()
     return found
+
+
+def _sockets_of_fds(pid) -> dict[int, str]:
+    """{descriptor: "socket:[inode]"} of process ``pid``'s sockets ({} where unreadable)."""
+    found = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            found[int(fd)] = link
+    return found
+
+
+def _sockets(pid) -> set[str]:
+    return set(_sockets_of_fds(pid).values()) if pid else set()
+
+
+def _name(pid) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _parent(pid) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def before_mpi(environ=os.environ) -> None:
