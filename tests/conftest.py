@@ -212,6 +212,12 @@ def load_both(path):
     return r0
 
 
+def checkpoint_files(folder) -> list[str]:
+    """The sorted names in ``folder`` but the lock a checkpoint pattern's saving job holds
+    (``.<name>.lock``, see ``replicate/runtime/variables/runs.py``)."""
+    return sorted(f for f in os.listdir(folder) if not f.endswith(".lock"))
+
+
 SHM_MARK = "mpich-shm-mapped:"  # a line a test program prints: ``... mpich-shm-mapped: PATHS``
 
 

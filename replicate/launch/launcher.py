@@ -18,11 +18,14 @@ early (``exit()`` below Python ends the others silently) exits 1 and says which 
 step, and a rank that dies where ``mpiexec`` does not end the others (before MPI is up) ends the job
 within seconds instead of leaving them waiting. When the job has ended, the launcher removes the
 MPICH shared-memory files in ``/dev/shm`` its ranks recorded and left behind (a job ended by a
-signal, or by mpiexec after a rank died; see ``replicate/runtime/job/mpi_shm.py``).
+signal, or by mpiexec after a rank died; see ``replicate/runtime/job/mpi_shm.py``). Its folder in
+``/tmp`` goes when it ends; a launcher killed outright leaves it, and the next launch by the same
+user removes it (``remove_dead_folders``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import shutil
@@ -291,6 +294,72 @@ def _end(proc):
             continue
 
 
+FOLDER_PREFIX = "replicate-launch-"
+LOCK = "launcher.lock"  # held by the launcher while it lives (the kernel lets go when it dies)
+YOUNG = 60.0  # seconds: a folder without its lock may be a launcher's that is just starting
+
+
+def make_folder() -> tuple[str, int]:
+    """A new private folder for the ranks' records (``mkdtemp``: mode 0700) and the lock this
+    launcher holds on it (the descriptor)."""
+    folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
+    fd = os.open(os.path.join(folder, LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return folder, fd
+
+
+def remove_dead_folders(base: str | None = None) -> list[str]:
+    """Remove the folders that launchers of this user killed outright left in ``base`` (the
+    temporary folder): no launcher holds its lock and none of its ranks on this machine runs;
+    with them the MPICH files those ranks recorded. The folders removed; never raises."""
+    base = base or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(base, name)
+        if not status.own_folder(folder) or not _dead(folder):
+            continue
+        mpi_shm.remove_recorded(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _dead(folder: str) -> bool:
+    try:
+        fd = os.open(os.path.join(folder, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:  # (an older launcher's folder, or one being made)
+        try:
+            return time.time() - os.lstat(folder).st_mtime > YOUNG
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # its launcher lives
+    finally:
+        os.close(fd)
+    host = socket.gethostname()
+    return not any(rec["host"] == host and _alive(rec["pid"])
+                   for rec in status.read(folder).values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: the pid was reused)
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     """``python -m replicate.launch [-n N] script.py args...``: the job under ``mpiexec``, watched
     until it ends; returns its exit status."""
@@ -302,7 +371,9 @@ def main(argv=None) -> int:
     gpu_environment(env)
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
-    with tempfile.TemporaryDirectory(prefix="replicate-launch-") as folder:
+    remove_dead_folders()
+    folder, lock = make_folder()
+    try:
         env[status.ENV] = folder
         exits = Exits(folder)
         proc = subprocess.Popen(cmd, env=env)
@@ -314,4 +385,7 @@ def main(argv=None) -> int:
             exits.close()
             if proc.poll() is not None:  # the job's ranks are gone: MPICH's files they left
                 mpi_shm.remove_recorded(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
 

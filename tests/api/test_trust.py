@@ -17,7 +17,6 @@ The cases that need two processes run tests/runtime/programs/trust_mpi.py under 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import numpy as np
@@ -25,7 +24,7 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import PROGRAMS, mpirun, needs_mpi, report
+from conftest import PROGRAMS, checkpoint_files, mpirun, needs_mpi, report
 
 sys.path.insert(0, PROGRAMS)
 from trust_mpi import batches_of, nan_gradient_program  # noqa: E402
@@ -361,7 +360,7 @@ def test_a_nan_update_is_never_written_nor_checkpointed(mode, k, tmp_path):
         assert "first non-finite value" in message and "MARK nan-update" in message
     assert rep.step == 3 and np.isfinite(w.numpy()).all()
     assert int(opt.optimizer.step.numpy()) == 3  # the whole update was held back
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
+    assert checkpoint_files(tmp_path) == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
     saved = np.load(tmp_path / "ckpt-3.npz")
     before = w.numpy().copy()
     w.load(np.zeros(3, np.float32))
@@ -438,7 +437,7 @@ def test_mpi_diverged_state_is_never_checkpointed(mode, tmp_path):
         kind, message = r["error"]
         assert kind == "DivergenceError", message
         assert message.startswith("step 2, before writing checkpoint"), message
-    assert os.listdir(tmp_path / "ckpt") == []
+    assert checkpoint_files(tmp_path / "ckpt") == []
 
 
 @with_mpi

@@ -24,6 +24,7 @@ from conftest import (
     MPIEXEC,
     PROGRAMS,
     assert_no_orphans,
+    checkpoint_files,
     child_env,
     exclusive,
     mpirun,
@@ -319,7 +320,7 @@ def test_kill_9_and_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, vi
          "--sleep", "0.05"], victim, 16)
     assert code != 0 and seconds < EXIT_WITHIN, (code, seconds, out, err)
     assert not os.path.exists(str(tmp_path / "killed.npz")), out
-    saved = sorted(os.listdir(tmp_path / "ck"))
+    saved = checkpoint_files(tmp_path / "ck")
     assert saved and len(saved) <= 3 and "step-0015.npz" in saved, saved
     newest = ck.format(step=max(int(f[5:9]) for f in saved))
     expect = int(newest[-8:-4])

@@ -25,7 +25,7 @@ from time import monotonic
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from ..job import hooks, mpi_shm, status, watchdog
+from ..job import exposure, hooks, mpi_shm, status, watchdog
 from ..job.watchdog import TRACKER, Call
 from .hierarchy import Levels, combine, settings
 
@@ -75,8 +75,7 @@ class MPIComm:
     """mpi4py's COMM_WORLD (or a given communicator) with fixed-order reductions.
 
     Every call that waits for other processes records itself with the stall watchdog
-    (``watchdog.TRACKER``) while it waits; see ``replicate/runtime/job/watchdog.py``.
-    """
+    (``watchdog.TRACKER``) while it waits; see ``replicate/runtime/job/watchdog.py``."""
 
     def __init__(self, comm=None, label: str = "world"):
         from mpi4py import MPI
@@ -289,18 +288,20 @@ def add_group(comm) -> None:
 
 def world():
     """The process-wide communicator (created on first use; under an MPI launcher already by
-    ``import replicate``). With more than one process it comes with the hooks that end the job
-    when this rank fails or leaves (``runtime/job/hooks.py``), the stall watchdog and the BLAS
-    thread share."""
+    ``import replicate``; ``job/exposure.py``: what MPI exposes, around ``MPI_Init``). With more
+    than one process: the hooks that end the job when this rank fails or leaves (``job/hooks``),
+    the stall watchdog and the BLAS thread share."""
     global _world
     if _world is None:
         _world = SelfComm()
         if launched_by_mpi():
+            exposure.before_mpi()
             try:
                 comm = MPIComm()
             except ImportError as e:
                 raise ImportError("launched under MPI but mpi4py is missing: "
                                   "pip install 'replicate[mpi]'") from e
+            exposure.after_mpi()
             if comm.size > 1:
                 comm.shared_split()
                 _world = comm
@@ -386,8 +387,7 @@ def limit_blas_threads(size: int | None = None) -> dict[str, int]:
     Several processes each running a BLAS with one thread per core oversubscribe the machine and
     can run tens of times slower; ``replicate.launch`` sets the environment, and this catches a
     plain ``mpiexec`` start where NumPy was already imported. Each loaded BLAS is judged on its own
-    (``blas_thread_limits``). Returns the limits applied ({filepath: threads}).
-    """
+    (``blas_thread_limits``). Returns the limits applied ({filepath: threads})."""
     local = int(os.environ.get("MPI_LOCALNRANKS", "0") or 0) or size or world().size
     share = max(1, (os.cpu_count() or 1) // local)
     limits = blas_thread_limits(threadpool_info(), os.environ, share)

@@ -17,12 +17,19 @@ purpose left thousands). So:
   also for whoever kills a rank it knows, ``identify(f"/proc/{pid}/maps")`` first).
 
 Best effort: without ``/proc`` (macOS), or on any error, nothing is removed and nothing raised.
+
+MPICH also attaches to a file of that name that already exists, whoever made it; the name follows
+from ``mpiexec``'s pid, so another user can make it first and read the job's messages.
+``check_own`` (called by ``exposure.after_mpi`` before the job's first message) says what is
+wrong with each file this rank mapped: not this user's, open to others, or older than the job.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+
+from . import status
 
 PREFIXES = ("mpich_shm_", "mpich_vci_")  # the names MPICH's POSIX shared memory (ch4) gives
 SHM_DIR = "/dev/shm/"
@@ -97,6 +104,60 @@ def remove_same(entries) -> list[str]:
     return removed
 
 
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+SLACK = 2.0  # seconds: the boot time /proc gives is whole seconds
+
+
+def check_own(maps: str = "/proc/self/maps", since: float | None = None) -> list[str]:
+    """What is wrong with each MPICH shared-memory file ``maps`` lists: mapped but removed, its
+    name now another file, another user's, readable or writable by others, or made before
+    ``since`` (default: when this process's parent — the process manager that started the
+    job's ranks here — started). [] when all are this user's own."""
+    try:
+        with open(maps, errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    since = _started(os.getppid()) if since is None else since
+    problems, seen = [], set()
+    for line in lines:
+        fields = line.split(None, 5)
+        path = fields[5] if len(fields) == 6 else ""
+        name = path[len(SHM_DIR):]
+        if not path.startswith(SHM_DIR) or not name.startswith(PREFIXES) or path in seen:
+            continue
+        seen.add(path)
+        if path.endswith(" (deleted)"):
+            problems.append(f"{path[:-10]} was removed after MPI opened it")
+            continue
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError as e:
+            problems.append(f"{path} cannot be checked ({e.strerror})")
+            continue
+        if str(st.st_ino) != fields[4]:
+            problems.append(f"{path} is no longer the file MPI opened")
+        elif st.st_uid != os.geteuid():
+            problems.append(f"{path} belongs to uid {st.st_uid}, not to this job's user "
+                            f"(uid {os.geteuid()}): another user made it first")
+        elif st.st_mode & 0o077:
+            problems.append(f"{path} has mode {st.st_mode & 0o777:o}: other users may open it")
+        elif since is not None and st.st_ctime < since - SLACK:
+            problems.append(f"{path} is older than this job: another job left it")
+    return problems
+
+
 def _file(folder: str, rank) -> str:
     return os.path.join(folder, f"shm-{int(rank)}")
 
@@ -104,13 +165,15 @@ def _file(folder: str, rank) -> str:
 def record(folder: str | None, rank) -> None:
     """Write ``host inode path`` of each MPICH file this process has mapped into ``folder``
     (the launcher's), for ``remove_recorded``. Never raises."""
-    if not folder or rank is None:
+    if not folder or rank is None or not status.own_folder(folder):
         return
     try:
         host = socket.gethostname()
         lines = [f"{host} {inode} {path}\n" for path, inode in identify()]
         if lines:
-            with open(_file(folder, rank), "w") as f:
+            fd = os.open(_file(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
                 f.writelines(lines)
     except Exception:  # noqa: BLE001, S110 - best effort: the job runs the same without it
         pass
@@ -122,15 +185,20 @@ def remove_recorded(folder: str) -> list[str]:
     removed. Never raises."""
     entries = set()
     try:
-        host = socket.gethostname()
-        for name in os.listdir(folder):
+        host, names = socket.gethostname(), os.listdir(folder)
+    except Exception:  # noqa: BLE001 - best effort: the job's exit code stands
+        return []
+    for name in names:
+        try:
             if name.startswith("shm-"):
-                with open(os.path.join(folder, name)) as f:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd) as f:
                     fields = [line.rstrip("\n").split(" ", 2) for line in f]
                 entries.update((e[2], e[1]) for e in fields if len(e) == 3 and e[0] == host)
-    except Exception:  # noqa: BLE001, S110 - best effort: the job's exit code stands
-        pass
+        except Exception:  # noqa: BLE001, S112 - a record that is not a file of ours: skipped
+            continue
     return remove_same(sorted(entries))
 
 
-__all__ = ["mapped", "unlink_mapped", "identify", "remove_same", "record", "remove_recorded"]
+__all__ = ["mapped", "unlink_mapped", "identify", "remove_same", "record", "remove_recorded",
+           "check_own"]

@@ -11,7 +11,9 @@ record: a rank that is not ``DONE`` left early, whatever ``mpiexec`` returned. E
 holds a connection to the launcher's socket in that folder, which the kernel closes when the
 process ends: the order of the closes tells the rank that left from those mpiexec then killed.
 
-A rank on another machine whose folder is not shared writes no record and is not judged.
+A rank on another machine whose folder is not shared writes no record and is not judged. A
+folder that is a link, another user's, or writable by others gets no record, and no record is
+opened through a link (``own_folder``, ``O_NOFOLLOW``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import stat
 import struct
 
 ENV = "REPLICATE_LAUNCH_DIR"
@@ -36,7 +39,7 @@ class Record:
     """This rank's record, written in place (a memory map of the file)."""
 
     def __init__(self, path: str):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, SIZE)
             self._map = mmap.mmap(fd, SIZE)
@@ -60,12 +63,21 @@ class Record:
 _RECORD: Record | None = None
 
 
+def own_folder(folder) -> bool:
+    """``folder`` is a folder (not a link) of this user that no other user may write to."""
+    try:
+        st = os.lstat(folder)
+    except (OSError, TypeError):
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def open_record(rank) -> Record | None:
     """This process's record in the launcher's folder, once per process; None when not started
     by ``replicate.launch`` (no folder), or the folder is not on this machine."""
     global _RECORD
     folder = os.environ.get(ENV)
-    if _RECORD is None and folder and os.path.isdir(folder):
+    if _RECORD is None and folder and own_folder(folder):
         try:
             _RECORD = Record(os.path.join(folder, f"rank-{int(rank)}"))
         except OSError:
@@ -120,8 +132,11 @@ def read(folder: str) -> dict[int, dict]:
         if not name.startswith("rank-") or not name[5:].isdigit():
             continue
         try:
-            with open(os.path.join(folder, name), "rb") as f:
-                raw = f.read(SIZE)
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                raw = os.read(fd, SIZE)
+            finally:
+                os.close(fd)
         except OSError:
             continue
         if len(raw) != SIZE:
@@ -135,5 +150,5 @@ def read(folder: str) -> dict[int, dict]:
     return found
 
 
-__all__ = ["ENV", "STARTED", "RUNNING", "DONE", "FAILED", "open_record", "read", "set_step",
-           "set_state"]
+__all__ = ["ENV", "STARTED", "RUNNING", "DONE", "FAILED", "open_record", "own_folder", "read",
+           "set_step", "set_state"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import tree
 from ...errors import ReplicateError
-from ..variables import checkpoint
+from ..variables import checkpoint, runs
 from ..variables.background import BackgroundWriter
 
 
@@ -51,7 +51,12 @@ class Every:
 
 class Checkpoint:
     """Save ``state`` every ``every`` steps to ``path_pattern.format(step=...)``; keep the last
-    ``keep`` files (0: all), counting the ones an earlier run left under the same pattern.
+    ``keep`` files (0: all) of this run, counting the ones it wrote before a restart.
+
+    The files name their run (``runs.py``): the first save under a pattern that holds another
+    run's files is refused unless this job continues that run — it restored from one of them,
+    or names it with ``run=ID`` (``info["run"]`` of its files; ``self.run`` once saved) — and
+    rotation deletes only this run's files.
 
     ``asynchronous=True``: the state is copied at the step boundary and written by a thread
     while training goes on (``runtime/variables/background.py``: the same file and guarantees;
@@ -62,11 +67,12 @@ class Checkpoint:
     truncated or corrupt one is skipped with a warning), so keep at least 2."""
 
     def __init__(self, path_pattern: str, state, every: int, keep: int = 3,
-                 asynchronous: bool = False):
+                 run: str | None = None, asynchronous: bool = False):
         if int(every) < 1 or int(keep) < 0:
             raise ReplicateError(f"Checkpoint: every must be >= 1 and keep >= 0, got every="
                                  f"{every!r}, keep={keep!r}")
         self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
+        self.run = run  # this run's id: given, or settled at the first save
         self.written: list[str] | None = None  # oldest first; found on disk at the first save
         self.asynchronous, self.writer = bool(asynchronous), None
 
@@ -74,17 +80,17 @@ class Checkpoint:
         if step % self.every:
             return
         if self.written is None:
-            self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
-                            if s < step]
+            self._claim(rep, step)
         path = self.pattern.format(step=step)
         verify = getattr(rep, "check_sync", True) is not False
         if not self.asynchronous:
-            checkpoint.save(path, self.state, step=step, comm=rep.comm, verify=verify)
+            checkpoint.save(path, self.state, step=step, comm=rep.comm, run=self.run,
+                            verify=verify)
             self._rotate(rep.rank, path)
             return
         if self.writer is None:
             self.writer = BackgroundWriter(rep.comm)
-        self.writer.submit(path, self.state, step, verify,
+        self.writer.submit(path, self.state, step, verify, run=self.run,
                            then=lambda: self._rotate(rep.rank, path))
 
     def wait(self) -> None:
@@ -98,9 +104,26 @@ class Checkpoint:
                 self.written.remove(path)
             self.written.append(path)
             while self.keep and len(self.written) > self.keep:
-                old = self.written.pop(0)
-                if os.path.exists(old):
-                    os.unlink(old)
+                runs.remove_own(self.written.pop(0), self.run)
+
+    def _claim(self, rep, step) -> None:
+        """This run's id (rank 0 looks at the pattern's files; every rank gets its answer, or
+        the same ``CheckpointError``) and the files it wrote before ``step``."""
+        found, self.written = None, []
+        if rep.rank == 0:
+            try:
+                found = runs.claim(self.pattern, self.run)
+                self.written = [p for s, p in reversed(checkpoint.step_files(self.pattern))
+                                if s < step and runs.run_of(p) == found]
+            except ReplicateError as e:
+                found = e
+        if rep.comm.size > 1:
+            found = rep.comm.bcast_obj(found, 0)
+        if isinstance(found, Exception):
+            self.written = None
+            found.consistent = True  # every rank raises it
+            raise found
+        self.run = found
 
 
 class MetricsLog:

@@ -37,12 +37,14 @@ class BackgroundWriter:
         self._error: BaseException | None = None
         self._buffers: dict = {}  # (path in the state nest) -> the array the copy goes into
 
-    def submit(self, path: str, state, step: int, verify: bool = True, then=None) -> None:
-        """Copy ``state`` now; write it to ``path`` on the thread, then call ``then()``."""
+    def submit(self, path: str, state, step: int, verify: bool = True, then=None,
+               run: str | None = None) -> None:
+        """Copy ``state`` now; write it to ``path`` (naming ``run``) on the thread, then call
+        ``then()``."""
         self.wait()
         frozen = self._copy(state, "")
         self._thread = threading.Thread(target=self._write, name=f"checkpoint {path}",
-                                        args=(path, frozen, step, verify, then))
+                                        args=(path, frozen, step, verify, then, run))
         self._thread.start()
 
     def wait(self) -> None:
@@ -54,10 +56,10 @@ class BackgroundWriter:
         if error is not None:
             raise error
 
-    def _write(self, path, frozen, step, verify, then):
+    def _write(self, path, frozen, step, verify, then, run):
         try:
             with profile.span("checkpoint write (background)", "checkpoint"):
-                checkpoint.save(path, frozen, step=step, comm=self.comm, verify=verify)
+                checkpoint.save(path, frozen, step=step, comm=self.comm, verify=verify, run=run)
             if then is not None:
                 then()
         except BaseException as e:  # noqa: BLE001 - raised by the next submit or wait

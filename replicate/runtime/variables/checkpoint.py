@@ -26,12 +26,12 @@ State is a nest (dicts/lists) of ``Variable``s, e.g. ``{"model": model.variables
 
 from __future__ import annotations
 
-import glob
+import fcntl
 import hashlib
 import json
 import os
-import re
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -51,7 +51,9 @@ from ...state import Variable
 from ..checks import sync_check
 from ..communication.agree import RESTORE, SAVE, agree
 from ..communication.comm import world
-from . import owners
+from . import owners, runs
+from .archive import Archive
+from .runs import step_files
 
 
 def _paths(nest, prefix=""):
@@ -88,7 +90,7 @@ def _umask() -> int:
 
 @profile.spanned("checkpoint save", "checkpoint")
 def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
-         verify: bool = True) -> None:
+         verify: bool = True, run: str | None = None) -> None:
     """Write ``state`` (a nest of Variables), ``step`` and JSON-able ``meta`` to ``path``.
 
     Call it on every rank: rank 0 writes once every rank has come here (none still reads what an
@@ -97,7 +99,8 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
     naming ``path`` when the write failed. With ``verify`` (the default) the ranks first compare
     their copies of the state's variables (``runtime/checks/sync_check.py``): if they differ,
     every rank raises ``rp.DivergenceError`` and nothing is written — a checkpoint holds one value
-    that every rank had, never rank 0's copy of diverged state."""
+    that every rank had, never rank 0's copy of diverged state. ``run``: the run id the file
+    names (``runs.py``; ``rp.callbacks.Checkpoint`` gives it)."""
     comm = comm or world()
     try:
         variables = named_variables(state)
@@ -117,7 +120,7 @@ def save(path: str, state, step: int = 0, meta: dict | None = None, comm=None,
     error = None
     if comm.rank == 0:
         try:
-            _write(path, state, step, meta, replicas)
+            _write(path, state, step, meta, replicas, run)
         except ReplicateError as e:  # (state is not a nest of Variables, ...)
             error = e
         except Exception as e:  # noqa: BLE001 - reported on every rank below
@@ -152,9 +155,9 @@ def _every_replica(comm, variables: dict) -> dict:
     return {name: np.concatenate([row[i] for row in rows]) for i, name in enumerate(names)}
 
 
-def _write(path, state, step, meta, replicas: dict) -> None:
-    """Rank 0's part of ``save``: a temporary file in the same folder, fsync, rename, fsync of the
-    folder."""
+def _write(path, state, step, meta, replicas: dict, run=None) -> None:
+    """Rank 0's part of ``save``: a temporary file in the same folder (locked while written, so
+    ``clean_stale`` knows a dead writer's), fsync, rename, fsync of the folder."""
     variables = named_variables(state)
     arrays = {f"var/{name}": np.asarray(replicas.get(name, var.value))
               for name, var in variables.items()}
@@ -170,11 +173,15 @@ def _write(path, state, step, meta, replicas: dict) -> None:
     info = {"step": int(step), "meta": meta or {}, "format": 2, "dtypes": dtypes,
             "per_replica": per_replica,
             "sha256": {key: digest(value) for key, value in arrays.items()}}
+    if run is not None:
+        info["run"] = run
     arrays["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    clean_stale(folder)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (released when the file is closed, or the writer dies)
         if hasattr(os, "fchmod"):  # mkstemp makes it 0600; give it a plain file's mode
             os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -193,6 +200,40 @@ def _write(path, state, step, meta, replicas: dict) -> None:
         raise
 
 
+STALE_AFTER = 60.0  # seconds: a temporary file younger than this may not be locked yet
+
+
+def clean_stale(folder: str) -> list[str]:
+    """Remove the temporary files (``.tmp-*.npz``) that writers killed mid-save left in
+    ``folder``: plain files of this user, older than ``STALE_AFTER``, that no live writer holds
+    locked (the lock goes with the writer's process). The paths removed; never raises."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(".tmp-") and n.endswith(".npz")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or not os.path.isfile(path) or \
+                    time.time() - st.st_mtime < STALE_AFTER:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (OSError: a live writer's)
+            if os.stat(path, follow_symlinks=False).st_ino == st.st_ino:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
 def digest(a: np.ndarray) -> str:
     """SHA-256 of an array's dtype, shape and bytes."""
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
@@ -200,30 +241,24 @@ def digest(a: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def load(path: str) -> tuple[dict, dict]:
-    """Read a checkpoint and verify its checksums: ({path: array}, info with 'step' and 'meta').
+def load(path: str, names=None) -> tuple[dict, dict]:
+    """Read a checkpoint and verify its checksums: ({path: array}, info with 'step' and 'meta');
+    ``names``: only those arrays are read (the others are not touched).
 
-    A missing, truncated or corrupt file raises ``CheckpointError``."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise CheckpointError(f"cannot read checkpoint {path!r}: no such file") from None
-    except Exception as e:  # noqa: BLE001 - zipfile, zlib, EOF, format errors: all "corrupt"
-        raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or corrupt): "
-                              f"{type(e).__name__}: {e}") from None
-    try:
-        info = json.loads(bytes(arrays.pop("info")).decode())
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"cannot read checkpoint {path!r}: no valid info entry ({e})") \
-            from None
-    sums = info.get("sha256")
-    if sums is not None:  # format 1 files have none
-        if set(sums) != set(arrays):
+    Every missing, truncated, corrupt or malformed file is a ``CheckpointError``
+    (``archive.py``: what is checked before anything is read)."""
+    with Archive(path) as archive:
+        info = archive.info()
+        keys = set(archive.members) - {"info"}
+        sums = info.get("sha256")
+        if sums is not None and set(sums) != keys:  # (format 1 files have none)
             raise CheckpointError(f"checkpoint {path!r} is corrupt: its arrays "
-                                  f"{sorted(set(arrays) ^ set(sums))} do not match its index")
-        for key, value in arrays.items():
-            if digest(value) != sums[key]:
+                                  f"{sorted(keys ^ set(sums))} do not match its index")
+        wanted = keys if names is None else keys & {f"var/{n}" for n in names}
+        arrays = {}
+        for key in sorted(wanted):
+            arrays[key] = archive.array(key)
+            if sums is not None and digest(arrays[key]) != sums[key]:
                 raise CheckpointError(f"checkpoint {path!r} is corrupt: checksum mismatch in "
                                       f"{key[4:]!r}")
     for key, name in info.get("dtypes", {}).items():
@@ -232,33 +267,16 @@ def load(path: str) -> tuple[dict, dict]:
     return {k[4:]: v for k, v in arrays.items() if k.startswith("var/")}, info
 
 
-def step_files(pattern: str) -> list[tuple[int, str]]:
-    """The files a ``{step}`` pattern (``"ck/step-{step:06d}.npz"``) names, newest first."""
-    m = re.search(r"\{step(:[^}]*)?\}", pattern)
-    if not m:
-        return [(0, pattern)] if os.path.exists(pattern) else []
-    head, tail = pattern[:m.start()], pattern[m.end():]
-    if "{" in head + tail:
-        raise ReplicateError(f"checkpoint pattern {pattern!r}: only {{step}} may be a field")
-    regex = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
-    found = []
-    for path in glob.glob(glob.escape(head) + "*" + glob.escape(tail)):
-        hit = regex.match(path)
-        if hit:
-            found.append((int(hit.group(1)), path))
-    return sorted(found, reverse=True)
-
-
-def load_latest(pattern: str) -> tuple[dict, dict, str, list[str]]:
+def load_latest(pattern: str, names=None) -> tuple[dict, dict, str, list[str]]:
     """The newest intact checkpoint a ``{step}`` pattern names: (arrays, info, path, skipped),
-    ``skipped`` saying why each newer file was passed over."""
+    ``skipped`` saying why each newer file was passed over; ``names`` as for ``load``."""
     candidates = step_files(pattern)
     if not candidates:
         raise CheckpointError(f"no checkpoint matches {pattern!r}")
     skipped = []
     for _, path in candidates:
         try:
-            arrays, info = load(path)
+            arrays, info = load(path, names)
         except CheckpointError as e:
             skipped.append(str(e))
             continue
@@ -278,10 +296,11 @@ def restore(path: str, state, comm=None) -> dict:
     payload = None
     if comm.rank == 0:
         try:
+            names = list(named_variables(state))
             if "{" in path:
-                payload = load_latest(path)
+                payload = load_latest(path, names)
             else:
-                payload = (*load(path), path, [])
+                payload = (*load(path, names), path, [])
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             payload = e if isinstance(e, ReplicateError) else CheckpointError(
                 f"cannot read checkpoint {path!r}: {e}")
@@ -290,6 +309,7 @@ def restore(path: str, state, comm=None) -> dict:
         payload.consistent = True  # every rank raises it
         raise payload
     arrays, info, used, skipped = payload
+    runs.restored(used, info.get("run"))
     for reason in skipped:
         warnings.warn(f"{reason}; using the previous checkpoint instead", stacklevel=2)
     variables = named_variables(state)

@@ -99,7 +99,8 @@ def drift(mode, branch=False, checkpoint_dir=None):
         rep.run(3, callbacks=callbacks)
     finally:
         if checkpoint_dir:
-            print("files:", sorted(os.listdir(checkpoint_dir)), flush=True)
+            files = sorted(f for f in os.listdir(checkpoint_dir) if not f.endswith(".lock"))
+            print("files:", files, flush=True)
     return {"w": w.numpy().tolist()}
 
 
@@ -157,7 +158,7 @@ def nan_update(mode, out_dir):
     except rp.ReplicateError as e:
         error = [type(e).__name__, str(e)]
     return {"error": error, "w": w.numpy().tolist(), "step": rep.step,
-            "files": sorted(os.listdir(out_dir))}
+            "files": sorted(f for f in os.listdir(out_dir) if not f.endswith(".lock"))}
 
 
 CASES = {"accumulate": accumulate, "eval_after_compile": eval_after_compile,
