@@ -332,19 +332,21 @@ def remove_dead_folders(base: str | None = None) -> list[str]:
 def _dead(folder: str) -> bool:
     try:
         fd = os.open(os.path.join(folder, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:  # (an older launcher's folder, or one being made)
-        try:
-            return time.time() - os.lstat(folder).st_mtime > YOUNG
+    except FileNotFoundError:  # (an older launcher's folder, or one being made: old enough,
+        try:  # and none of its ranks alive — an older launcher holds no lock while it lives)
+            if time.time() - os.lstat(folder).st_mtime <= YOUNG:
+                return False
         except OSError:
             return False
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False  # its launcher lives
-    finally:
-        os.close(fd)
+    else:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its launcher lives
+        finally:
+            os.close(fd)
     host = socket.gethostname()
     return not any(rec["host"] == host and _alive(rec["pid"])
                    for rec in status.read(folder).values())
