@@ -28,6 +28,7 @@ from .errors import (
     ConfigMismatchError,
     DivergenceError,
     DTypeError,
+    HabitError,
     IndexOutOfRangeError,
     InputError,
     NonFiniteError,
@@ -76,4 +77,5 @@ __all__ = [
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
     "process_index", "ActorLearner", "ActorContext", "ActorError", "profile", "remat",
+    "HabitError",
 ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import habits, tree
 from . import numpy as rnp
-from . import tree
 from .collectives import all_reduce
 from .control import cond
 from .dependency import TraceKeyed
@@ -71,6 +71,7 @@ class Optimizer(TraceKeyed):
     # and arithmetic, so eager mode may run it on NumPy arrays; a subclass whose ``update``
     # uses ``replicate.numpy`` directly leaves this False and runs op by op in eager mode
     eager_numpy = False
+    __getattr__ = habits.answers(habits.OPTIMIZER)  # (opt.zero_grad(), ...)
 
     def __init__(self, params, lr, master_weights: bool | None = None):
         self.params, self.treedef = _params(params)
