@@ -20,6 +20,17 @@ from .dependency import TraceKeyed
 from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
 from .graph.core import Array, current_trace
+from .optim_adaptive import AdadeltaRule, AdagradRule
+from .schedules import (  # noqa: F401  (rp.optim.*)
+    CosineAnnealingLR,
+    ExponentialLR,
+    LinearLR,
+    MultiStepLR,
+    ReduceLROnPlateau,
+    StepLR,
+    step_decay,
+    warmup_cosine,
+)
 from .state import Variable
 
 
@@ -245,6 +256,14 @@ class RMSProp(Optimizer):
         return p - delta
 
 
+class Adagrad(AdagradRule, Optimizer):
+    """Adagrad, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""
+
+
+class Adadelta(AdadeltaRule, Optimizer):
+    """Adadelta, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""
+
+
 class CrossReplicaOptimizer(TraceKeyed):
     """Wraps an optimiser so ``apply`` first averages the gradients over all replicas (the
     one-line change that turns a single-replica script data-parallel, as TF-Replicator's
@@ -410,36 +429,3 @@ def clip_by_global_norm(grads, max_norm: float, cross_replica: bool = False):
         norm = rnp.sqrt(all_reduce(norm * norm, "sum"))
     scale = rnp.minimum(1.0, max_norm / (norm + 1e-12))
     return tree.tree_map(lambda g: g * rnp.cast(scale, rnp.as_array(g).dtype), grads)
-
-
-def warmup_cosine(base_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
-    """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to ``final_lr`` at
-    ``total_steps``. Returns ``schedule(step)`` (works on traced steps).
-
-    >>> import replicate.numpy as rnp
-    >>> s = warmup_cosine(1.0, 10, 110)
-    >>> [round(float(s(rnp.asarray(t))), 3) for t in (5, 10, 60, 110)]
-    [0.5, 1.0, 0.5, 0.0]
-    """
-
-    def schedule(step):
-        t = rnp.cast(step, np.float64)
-        warm = base_lr * t / max(warmup_steps, 1)
-        progress = rnp.clip((t - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
-        cosine = final_lr + 0.5 * (base_lr - final_lr) * (1.0 + rnp.cos(np.pi * progress))
-        return rnp.where(t < warmup_steps, warm, cosine)
-
-    return schedule
-
-
-def step_decay(base_lr: float, boundaries, factor: float = 0.1):
-    """``base_lr`` times ``factor`` for every boundary the step has passed."""
-
-    def schedule(step):
-        t = rnp.cast(step, np.float64)
-        lr = rnp.asarray(base_lr, np.float64)
-        for b in boundaries:
-            lr = rnp.where(t >= b, lr * factor, lr)
-        return lr
-
-    return schedule
