@@ -8,6 +8,7 @@
 
 from . import (
     collectives,
+    distributions,
     dtypes,
     nn,
     numpy,  # noqa: F401  (installs the array operators)
@@ -77,5 +78,5 @@ __all__ = [
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
     "process_index", "ActorLearner", "ActorContext", "ActorError", "profile", "remat",
-    "HabitError",
+    "HabitError", "distributions",
 ]
