@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import habits, tree
@@ -32,6 +34,9 @@ from .schedules import (  # noqa: F401  (rp.optim.*)
     warmup_cosine,
 )
 from .state import Variable
+
+# wrap_optimizer(accumulate=n)'s micro-step counters, by id (run's history: one entry per update)
+MICRO_STEPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _params(params) -> tuple[list, object]:
@@ -295,6 +300,7 @@ class CrossReplicaOptimizer(TraceKeyed):
                                      name=f"{p.name}.accumulated", per_replica=True)
                             for p in optimizer.params]
             self.micro = Variable(np.zeros((), np.int64), name="opt.micro_step")
+            MICRO_STEPS[id(self.micro)] = self.micro
         self.scale_var = self.good_steps = None
         self._scaled = [0]  # opt.scale calls not yet matched by an apply (a list: one object)
         if dynamic:
