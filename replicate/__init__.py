@@ -8,6 +8,7 @@
 
 from . import (
     collectives,
+    distributions,
     dtypes,
     nn,
     numpy,  # noqa: F401  (installs the array operators)
@@ -28,6 +29,7 @@ from .errors import (
     ConfigMismatchError,
     DivergenceError,
     DTypeError,
+    HabitError,
     IndexOutOfRangeError,
     InputError,
     NonFiniteError,
@@ -77,5 +79,5 @@ __all__ = [
     "bfloat16", "float16", "dtypes", "host", "barrier", "is_main_process", "process_count",
     "process_index", "logical_device", "PlacementError",
     "process_index", "ActorLearner", "ActorContext", "ActorError", "profile", "remat",
-    "memory_report",
+    "memory_report", "HabitError", "distributions",
 ]

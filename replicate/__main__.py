@@ -4,6 +4,8 @@ any rank ends the whole job (see ``replicate/launch/bootstrap.py``)."""
 import sys
 
 from replicate.launch.bootstrap import main
+from replicate.launch.shadow import check
 
 if __name__ == "__main__":
+    check("python -m replicate")
     sys.exit(main())

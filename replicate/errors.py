@@ -99,6 +99,12 @@ class CheckpointError(ReplicateError):
     """A checkpoint is missing, unreadable, corrupt or does not fit the state."""
 
 
+class HabitError(ReplicateError, AttributeError, TypeError):
+    """Another library's habit on a library object (``loss.backward()``, ``opt.zero_grad()``,
+    ``x.to(device)``): the message names the user's line and replicate's way. An
+    ``AttributeError`` (``hasattr`` stays False) and a ``TypeError`` (``opt.step()``)."""
+
+
 def class_name(error: BaseException) -> str:
     """``module.QualName`` of an error's class: what ranks exchange to re-raise it elsewhere."""
     return f"{type(error).__module__}.{type(error).__qualname__}"

@@ -13,6 +13,8 @@ The optimisers themselves are in ``optimizers.py``; here the cross-replica wrapp
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import numpy as rnp
@@ -23,11 +25,31 @@ from .dependency import TraceKeyed
 from .dtypes import compute_dtype
 from .errors import ReplicateError
 from .graph.core import current_trace
-from .optimizers import LIVE, SGD, Adam, AdamW, Optimizer, RMSProp  # noqa: F401 (rp.optim.*)
-from .schedules import step_decay, warmup_cosine  # noqa: F401  (rp.optim.*)
+from .optimizers import (  # noqa: F401 (rp.optim.*)
+    LIVE,
+    SGD,
+    Adadelta,
+    Adagrad,
+    Adam,
+    AdamW,
+    Optimizer,
+    RMSProp,
+)
+from .schedules import (  # noqa: F401  (rp.optim.*)
+    CosineAnnealingLR,
+    ExponentialLR,
+    LinearLR,
+    MultiStepLR,
+    ReduceLROnPlateau,
+    StepLR,
+    step_decay,
+    warmup_cosine,
+)
 from .sharding import shard_state
 from .state import Variable
 
+# wrap_optimizer(accumulate=n)'s micro-step counters, by id (run's history: one entry per update)
+MICRO_STEPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 class CrossReplicaOptimizer(TraceKeyed):
     """Wraps an optimiser so ``apply`` first averages the gradients over all replicas (the
@@ -62,6 +84,7 @@ class CrossReplicaOptimizer(TraceKeyed):
                                      name=f"{p.name}.accumulated", per_replica=True)
                             for p in optimizer.params]
             self.micro = Variable(np.zeros((), np.int64), name="opt.micro_step")
+            MICRO_STEPS[id(self.micro)] = self.micro
         self.scale_var = self.good_steps = None
         self._scaled = [0]  # opt.scale calls not yet matched by an apply (a list: one object)
         if dynamic:

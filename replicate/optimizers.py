@@ -8,12 +8,13 @@ import weakref
 
 import numpy as np
 
+from . import habits, tree
 from . import numpy as rnp
-from . import tree
 from .dependency import TraceKeyed
 from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
 from .graph.core import Array, current_trace
+from .optim_adaptive import AdadeltaRule, AdagradRule
 from .state import Variable
 
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every optimiser (and wrapper) alive in this process
@@ -67,6 +68,7 @@ class Optimizer(TraceKeyed):
     # and arithmetic, so eager mode may run it on NumPy arrays; a subclass whose ``update``
     # uses ``replicate.numpy`` directly leaves this False and runs op by op in eager mode
     eager_numpy = False
+    __getattr__ = habits.answers(habits.OPTIMIZER)  # (opt.zero_grad(), ...)
 
     def __init__(self, params, lr, master_weights: bool | None = None):
         LIVE.add(self)  # (rp.memory_report)
@@ -239,3 +241,11 @@ class RMSProp(Optimizer):
             delta = self.momentum * xp.read(self.mom[i]) + delta
             self.mom[i].assign(delta)
         return p - delta
+
+
+class Adagrad(AdagradRule, Optimizer):
+    """Adagrad, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""
+
+
+class Adadelta(AdadeltaRule, Optimizer):
+    """Adadelta, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""

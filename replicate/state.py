@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+from . import habits
 from .dtypes import as_dtype, is_supported
 from .errors import (
     NumpyConversionError,
@@ -366,6 +367,19 @@ class Variable:
 
     def __array_function__(self, func, types, args, kwargs):
         raise numpy_function_error(func, self)
+
+    # -- NumPy's conveniences on the current value; PyTorch's habits answered (habits.py) -------
+    def item(self):
+        return np.asarray(self).item()
+
+    def tolist(self):
+        return np.asarray(self).tolist()
+
+    def __format__(self, spec: str) -> str:
+        return format(np.asarray(self), spec) if spec else repr(self)
+
+    __getattr__ = habits.answers(habits.COMMON)
+    __call__ = habits.not_callable  # (opt.step())
 
     def __repr__(self) -> str:
         kind = ", per_replica=True" if self.per_replica else ", local=True" if self.local else ""

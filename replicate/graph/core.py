@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import habits as _habits
 from .. import profile as _profile
 from ..errors import (
     NumpyConversionError,
@@ -148,6 +149,11 @@ class Array:
 
     def __array_function__(self, func, types, args, kwargs):
         raise numpy_function_error(func, self)
+
+    __getattr__ = _habits.answers(_habits.COMMON)  # (loss.backward(), x.to(device), ...)
+
+    def __format__(self, spec: str) -> str:  # f"{x:.4f}": NumPy's formatting of the value
+        return _habits.format_value(self.value, spec, self)
 
     def item(self):
         self._need_concrete("item()")

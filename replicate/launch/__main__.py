@@ -3,6 +3,8 @@
 import sys
 
 from .launcher import main
+from .shadow import check
 
 if __name__ == "__main__":
+    check("python -m replicate.launch")
     sys.exit(main())

@@ -74,8 +74,10 @@ def parse(argv: list[str]):
     nprocs, prefix, mpi, i = 2, False, [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("-h", "--help"):
-            raise SystemExit(__doc__)
+        if arg in ("-h", "--help"):  # (on stdout, exit code 0)
+            print(f"usage: python -m replicate.launch [-n N] [options] script.py | -m module "
+                  f"[args...]\n\n{__doc__}")
+            raise SystemExit(0)
         if arg in ("-n", "-np", "--nprocs") or arg.startswith(("-n=", "--nprocs=")):
             value, i = (arg.split("=", 1)[1], i + 1) if "=" in arg else (_value(argv, i), i + 2)
             if not value.isdigit() or int(value) < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import habits
 from ..dependency import TraceKeyed
 from ..state import Variable
 
@@ -101,6 +102,8 @@ class Module(TraceKeyed):
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    __getattr__ = habits.answers(habits.MODULE)  # (model.to(device), ...)
 
 
 class Sequential(Module):

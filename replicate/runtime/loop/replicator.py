@@ -36,6 +36,7 @@ from ..inputs.data import progress_total
 from ..inputs.prefetch import parse_prefetch
 from ..job import hooks, watchdog
 from ..variables.checkpoint import restore as restore_checkpoint
+from . import evaluation, updates
 from .callbacks import MetricsLog, Progress
 from .layout import Layout
 from .outputs import Deferred, Gathering, reduce_outputs
@@ -48,9 +49,9 @@ class Replicator:
     replica's batches. ``step_fn(batch)`` is one training step of one replica; inside it
     ``rp.replica_id()``, ``rp.num_replicas()`` and the collectives are available.
 
-    ``run(steps)`` returns one entry per step: ``step_fn``'s output nest with each leaf reduced
-    over all replicas — the mean (``outputs="mean"``, the default), the sum, or stacked in replica
-    order (``outputs="per_replica"``, shape ``(R, ...)``). It is identical on every rank.
+    ``run(steps)`` returns one entry per step (per update with ``accumulate=n``: ``updates.py``):
+    ``step_fn``'s outputs, each leaf reduced over all replicas — the mean (the default), the sum
+    (``outputs="sum"``) or stacked (``"per_replica"``, ``(R, ...)``) — the same on every rank.
 
     Modes: ``"graph"`` (define-and-run: traced once per input signature, all local replicas in one
     graph, collectives rewritten into in-process combines plus one MPI call) and ``"eager"``
@@ -80,6 +81,7 @@ class Replicator:
     >>> w.numpy().tolist(), float(hist[-1]["x"])
     ([4.5, 4.5], 3.0)
     """
+    evaluate = evaluation.evaluate  # (a data set's totals, every example once: evaluation.py)
 
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
                  replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
@@ -106,8 +108,7 @@ class Replicator:
         self.layout = Layout(self.comm, self.k, logical_devices, micro_batches, self.mode)
         self.num_replicas, self.contexts = self.layout.num_replicas, self.layout.contexts()
         self.cache = StepCache()
-        self.trace_count = 0
-        self.step = 0
+        self.trace_count = self.step = 0
         self._iterators, self._prefetcher = None, None
         self._synced: dict[int, object] = {}  # the variables the steps use, by id
         self._schedules = Schedules(self.comm)  # graph mode: what the ranks compiled
@@ -116,6 +117,7 @@ class Replicator:
         self._stop = False  # rep.stop() was called (by a callback) on this rank
         self._pending = None  # batches drawn at the step start where the ranks agreed to stop
         self._last_step = None  # graph mode + check_finite: (graph, inputs) of the last step
+        self._per_update = updates.PerUpdate(outputs)  # (the history with accumulation)
         self.settings = Settings(self.mode, self.backend, self.k, self.layout.m,
                                  self.layout.micro, outputs, self.options, self.check_finite,
                                  self.check_sync, collective_timeout)
@@ -151,9 +153,9 @@ class Replicator:
             if progress else None
         if bar:
             callbacks.append(bar)
-        history = []
         self._deferred = Deferred(self._gathering) if Deferred.wanted(
             self.mode, self.check_finite, self._gathering, callbacks) else None
+        history = self._per_update.start(callbacks)  # (a callback now: outputs not read)
         try:
             while steps is None or len(history) < steps:
                 watchdog.set_step(self.step + 1, "input")
@@ -193,7 +195,7 @@ class Replicator:
         finally:
             if bar:
                 bar.close()
-        return history
+        return self._per_update.history(history)
 
     def stop(self) -> None:
         """End ``run`` after the current step (early stopping from a callback). Every rank stops
@@ -331,8 +333,7 @@ class Replicator:
                 out = self.step_fn(tree.tree_map(as_array, batch))
         finally:
             hooks.read, hooks.write = previous
-        leaves, treedef = tree.flatten(out)
-        self._out_tree = treedef
+        leaves, self._out_tree = tree.flatten(out)
         return [to_numpy(x) for x in leaves]
 
     def _sync_variable(self, var):
@@ -390,8 +391,7 @@ class Replicator:
         return self._last_compiled().graph
 
     def executable(self):
-        """The most recently compiled step as the backend runs it (``.graph`` after the
-        optimisation passes, ``.kernels``)."""
+        """The last compiled step as the backend runs it (``.graph``, ``.kernels``)."""
         return self._last_compiled().executable
 
     def _last_compiled(self):
