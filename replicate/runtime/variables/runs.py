@@ -87,8 +87,12 @@ def _lock(pattern: str) -> int:
     path = lock_file(pattern)
     if path in _locks:
         return _locks[path]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:  # (a file where the folder should be, no permission, a link planted)
+        raise CheckpointError(f"cannot save checkpoints under {pattern!r}: its lock file "
+                              f"{path!r}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
