@@ -12,8 +12,6 @@ import replicate as rp
 import replicate.numpy as rnp
 from replicate.nn import written_grads
 
-torch = pytest.importorskip("torch", reason="PyTorch (the bench extra) is the reference here")
-
 MODES = [("eager", "numpy"), ("graph", "numpy"), ("graph", "jax")]
 rng = np.random.default_rng(5)
 X = rng.standard_normal((3, 4, 8)) * 1.7 + 0.3
@@ -58,6 +56,8 @@ LAYERS = {
 @pytest.mark.parametrize("mode,backend", MODES)
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_gradients_and_second_derivatives_equal_pytorchs(name, mode, backend):
+    global torch
+    torch = pytest.importorskip("torch", reason="PyTorch (the bench extra) is the reference")
     ours, theirs = LAYERS[name]
     for got, want, what in zip(_ours(ours, mode, backend), _reference(theirs),
                                ["dx", "dw", "db", "hessian-vector"]):
