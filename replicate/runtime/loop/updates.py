@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import tree
+from ...errors import PlacementError
 from ...optim import MICRO_STEPS
 
 
@@ -32,8 +33,11 @@ class PerUpdate:
         if seen != self._seen:  # (a new compiled step, or eager mode read new Variables)
             self._seen = seen
             self._counters = [v for v in rep.variables() if MICRO_STEPS.get(id(v)) is v]
-        self.flags.append(None if not self._counters else
-                          all(int(v.value) == 0 for v in self._counters))
+        try:
+            self.flags.append(None if not self._counters else
+                              all(int(v.value) == 0 for v in self._counters))
+        except PlacementError:  # (model parallelism: the counter lives on another process)
+            self.flags.append(None)
 
     def history(self, steps: list) -> list:
         """The history run returns: ``steps`` itself without accumulation."""
