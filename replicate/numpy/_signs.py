@@ -38,8 +38,9 @@ def hypot(a, b):
     ``(a, b) / hypot(a, b)``, 0 at the origin (a subgradient, as the 2-norm's).
 
     >>> import replicate.numpy as rnp
-    >>> rnp.hypot(rnp.asarray([3.0, 1e200]), rnp.asarray([4.0, 1e200])).tolist()
-    [5.0, 1.4142135623730952e+200]
+    >>> [f"{v:.12g}" for v in rnp.hypot(rnp.asarray([3.0, 1e200]),
+    ...                                  rnp.asarray([4.0, 1e200])).tolist()]  # (libm's last bit)
+    ['5', '1.41421356237e+200']
     """
     return bind("hypot", *float_ufunc_operands(a, b))
 
