@@ -31,7 +31,14 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
 * an integer ``power`` is CuPy's (a negative exponent gives 0, 1 or -1, never NumPy's
   ValueError); in a generated kernel it is C's ``_ipow``, which sets the kernel's error flag;
   a float ``remainder`` is CuPy's ``a - floor(a / b) * b`` (NaN over an infinite divisor);
-* a generated kernel flushes float32 denormals to 0, as CuPy's ``-ftz=true`` does;
+* a generated kernel flushes float32 denormals to 0, as CuPy's ``-ftz=true`` does, and a
+  float16 value it (or ``astype``) makes from a float NaN is the GPU's canonical NaN, its sign
+  bit clear (the hardware's float-to-half conversion, ``cvt.rn.f16.f32``; seen on an H200);
+* a 0-d array made from a host value, ``fill``, ``full`` and ``full_like`` write a zero with
+  ``memset`` (CuPy's ``ndarray.fill``): a -0.0 becomes +0.0 (seen with CuPy 14.2);
+* ``left_shift``/``right_shift`` are the GPU's: the count's low 32 bits, unsigned, and a count
+  past the width gives 0 (right: the sign) — NumPy's 0 for a negative count is not CuPy's
+  (``1 << INT64_MIN`` is 1 on an H200);
 * ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
   ``cupy_standin_cuda.py``.
 
@@ -117,6 +124,12 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         _no_host_arrays(inputs)
         out = kwargs.get("out")
+        if method == "__call__" and ufunc in (np.left_shift, np.right_shift):  # ``a << b``
+            shifted = _gpu_shift(ufunc is np.left_shift)(*unwrap(inputs))
+            if out is None:
+                return wrap(shifted)
+            unwrap(out[0])[...] = shifted
+            return out[0]
         result = getattr(ufunc, method)(*unwrap(inputs), **unwrap(kwargs))
         if out is not None:
             return out[0] if isinstance(out, tuple) and len(out) == 1 else out
@@ -186,6 +199,12 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.copy()
 
+    def fill(self, value):
+        _fill(self, unwrap(value))
+
+    def astype(self, dtype, *args, **kwargs):  # to float16: the GPU's conversion (a NaN's sign)
+        return ndarray(canonical_half_nans(self._a.astype(dtype, *args, **kwargs)))
+
     def set(self, arr, stream=None):
         """CuPy's copy from the host into this array (same shape and dtype), on ``stream``."""
         a = np.asarray(arr)
@@ -212,7 +231,53 @@ def asarray(x, dtype=None):
         return x if dtype is None or x.dtype == dtype else ndarray(x._a.astype(dtype))
     a = np.array(x, dtype=dtype, copy=True)
     TRANSFERS["to_device"] += a.nbytes
-    return ndarray(a)
+    return ndarray(_memset_zeros(a) if a.ndim == 0 else a)  # CuPy fills a 0-d array
+
+
+def _memset_zeros(a):
+    """CuPy's ``ndarray.fill``: a value equal to 0 is written by ``memset`` (all bits 0), so a
+    -0.0 fill is +0.0."""
+    a = np.array(a, copy=True)
+    a[a == 0] = 0
+    return a
+
+
+def _fill(x, value):
+    x._a[...] = value
+    x._a[...] = _memset_zeros(x._a) if np.asarray(value) == 0 else x._a
+
+
+def _full(shape, fill_value, dtype=None, order="C"):
+    out = ndarray(np.full(shape, fill_value, dtype=dtype, order=order))
+    out._a[...] = _memset_zeros(out._a) if np.asarray(fill_value) == 0 else out._a
+    return out
+
+
+def _full_like(a, fill_value, dtype=None, order="K", subok=None, shape=None):
+    out = ndarray(np.full_like(unwrap(a), fill_value, dtype=dtype, order=order, shape=shape))
+    out._a[...] = _memset_zeros(out._a) if np.asarray(fill_value) == 0 else out._a
+    return out
+
+
+def _gpu_shift(left):
+    """The GPU's shift (``shl``/``shr`` in PTX): the count's low 32 bits, unsigned; a count of
+    the width or more gives 0 (an arithmetic right shift: the sign). NumPy's answer for a
+    negative count (0, or -1) is not CuPy's where the low bits are small (``1 << INT64_MIN``
+    is 1)."""
+    def shift(a, b, *args, **kwargs):
+        a, b = np.asarray(a), np.asarray(b)
+        dtype = np.result_type(a, b)
+        a, b = a.astype(dtype), b.astype(dtype)
+        bits = 8 * dtype.itemsize
+        count = b.astype(np.int64) & 0xFFFFFFFF
+        past = count >= bits
+        small = np.where(past, 0, count).astype(dtype)
+        if left:
+            value = np.where(past, 0, np.left_shift(a, small))
+        else:
+            value = np.where(past, np.where(a < 0, -1, 0), np.right_shift(a, small))
+        return value.astype(dtype)
+    return shift
 
 
 def asnumpy(x):
@@ -350,7 +415,18 @@ def _evaluate(nodes, env, err=None):
             env[node.out.id] = integer_power(*args).astype(node.out.dtype)
         else:
             env[node.out.id] = reference_apply(node, args)
+        if node.out.dtype == np.float16:
+            env[node.out.id] = canonical_half_nans(env[node.out.id])
     return env
+
+
+def canonical_half_nans(x):
+    """A float16 the kernel makes from a float: the GPU's conversion gives a NaN the canonical
+    NaN, its sign bit clear (``signbit(float16(copysign(NaN, -1.0f)))`` is false on an H200)."""
+    x = np.asarray(x)
+    if x.dtype != np.float16 or not np.isnan(x).any():
+        return x
+    return np.where(np.isnan(x), np.float16(np.nan), x).astype(np.float16)
 
 
 def flush_denormals(x):
@@ -538,6 +614,9 @@ def _make_modules() -> dict:
     cp.power = _checked(lambda a, b, *args, **kw: integer_power(a, b) if np.result_type(
         a, b).kind in "iub" else np.power(a, b, *args, **kw), "power")  # CuPy's: never raises
     cp.remainder = cp.mod = _checked(cupy_remainder, "remainder")
+    cp.full, cp.full_like = _checked(_full, "full"), _checked(_full_like, "full_like")
+    cp.left_shift = _checked(_gpu_shift(True), "left_shift")
+    cp.right_shift = _checked(_gpu_shift(False), "right_shift")
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
     cp.cuda, nccl = _CUDA.make_cuda()
     cp.from_dlpack = _from_dlpack

@@ -45,7 +45,7 @@ from .base import Executable, profile_label, profiled_bytes
 from .cuda_launches import LAUNCHES
 from .cuda_ops import POW_MESSAGE, needs_flag
 from .cupy_comm import comm_fn
-from .cupy_device import DEVICE, place
+from .cupy_device import DEVICE, place, upload
 from .cupy_index import IndexChecks
 from .cupy_scatter import ScatterAdd
 from .numpy_backend import kernels
@@ -169,6 +169,20 @@ def _remainder(a, b):
     return cupy.where(r == 0, cupy.copysign(r * 0, b), r)
 
 
+def _shift(left):
+    """NumPy's shift: a count outside [0, bits) gives 0 (right: -1 for a negative operand).
+    CuPy's is the GPU's, which reads the count's low 32 bits (``1 << INT64_MIN`` is 1); the
+    generated kernels use the same rule (``primitives.py``)."""
+    def shift(a, b):
+        bits = 8 * cupy.result_type(a, b).itemsize
+        out = (b < 0) | (b >= bits)
+        safe = cupy.where(out, 0, b).astype(b.dtype)
+        if left:
+            return cupy.where(out, 0, cupy.left_shift(a, safe))
+        return cupy.where(out, cupy.where(a < 0, -1, 0), cupy.right_shift(a, safe))
+    return shift
+
+
 def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read backwards
     order = cupy.argsort(cupy.flip(x, -1), axis=-1)
     return cupy.flip(x.shape[-1] - 1 - order, -1)[..., :k]
@@ -178,6 +192,7 @@ def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read 
 _ROWS = table(cupy, "cupy", {
     **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
     "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x), "mod": _remainder,
+    "left_shift": _shift(True), "right_shift": _shift(False),
     "top_k_indices": _top_k,  # CuPy's sorts are stable (kind=None), with no ``stable=``
     "sort": lambda x, axis: cupy.sort(x, axis=axis),
     "argsort": lambda x, axis: cupy.argsort(x, axis=axis),
@@ -185,7 +200,7 @@ _ROWS = table(cupy, "cupy", {
     "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,
     "scatter_add": _scatter_add,
-    "const": lambda value: cupy.asarray(value),
+    "const": lambda value: upload(value),  # a -0.0 kept (``cupy_device.upload``)
 })
 DEVICE_RULES = {name: rule if REGISTRY[name].moves or name in CONV_ROWS else _widened(rule)
                 for name, rule in _ROWS.items()}
@@ -203,7 +218,9 @@ def _op_fn(node, checks):
     def run(*xs):
         if int_pow:
             checks.add(xs[1] < 0, node, _pow_error)
-        value = cupy.asarray(fn(*xs, **attrs))
+        value = fn(*xs, **attrs)
+        if not isinstance(value, cupy.ndarray):  # a host scalar: up bit for bit (a -0.0 too)
+            value = upload(value)
         return value if value.dtype == dtype else value.astype(dtype)
     return run
 

@@ -36,6 +36,17 @@ if not _DEVICES:  # (before anything of the backend is kept in sys.modules)
 _KDL_CUDA = 2  # DLPack's device type of CUDA memory
 
 
+def upload(x):
+    """``x`` (a host array or scalar) copied to the device, bit for bit. CuPy makes a 0-d array
+    by ``fill``, which writes a zero with ``memset``: ``cupy.asarray(np.asarray(-0.0))`` is
+    +0.0 (seen on CuPy 14.2), so ``arctan2(-0.0, x)`` would take the wrong quadrant. A 0-d
+    value goes up as one element and is viewed as 0-d on the device."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return cupy.asarray(x.reshape(1)).reshape(())
+    return cupy.asarray(x)
+
+
 class CupyDevice(Device):
     name = "cupy"
 
@@ -53,7 +64,7 @@ class CupyDevice(Device):
         log = self.staging
         if log is not None:
             log.append(("upload", threading.current_thread().name, None))
-        return cupy.asarray(x)
+        return upload(x)
 
     @contextlib.contextmanager
     def recording_staging(self):

@@ -413,6 +413,12 @@ BACKENDS = ["numpy", "eager"] + (["jax"] if HAVE_JAX else [])
 
 
 # -- the checks ---------------------------------------------------------------------------------
+# float16 on the cupy backend: the GPU's float-to-half conversion (``cvt.rn.f16.f32``) makes
+# every NaN the canonical one, its sign bit clear (seen on an H200; documented in the README's
+# GPU section, modelled by the CuPy stand-in): the outputs that read a float16 NaN's sign bit
+HALF_NAN_SIGN = {("signbit+copysign", "signs", 1)}
+
+
 def _forward(c: Case, dtype: str, where: str):
     e = expected(c, dtype)
     outs = _raise(library(c, dtype, where)[0])
@@ -420,6 +426,8 @@ def _forward(c: Case, dtype: str, where: str):
     assert len(outs) == len(e.outs)
     for k, (a, w) in enumerate(zip(outs, e.outs)):
         what = f"{c.id} in {dtype}, output {k}, {where}"
+        if where.startswith("cupy") and dtype == "float16" and (c.op, c.label, k) in HALF_NAN_SIGN:
+            w = np.zeros_like(w)  # the sign bit of a NaN: clear
         assert a.shape == w.shape, f"{what}: shape {a.shape} != {w.shape}"
         assert a.dtype == w.dtype, f"{what}: dtype {a.dtype} != {w.dtype}"
         if is_float(w.dtype):

@@ -405,6 +405,18 @@ def test_cse_merges_the_k_identical_optimizer_updates():
     assert len(updates) == len(graph.meta["updated"]) >= n_params
 
 
+
+def test_cse_tells_attributes_apart_by_their_bits():
+    """Equal under ``==`` is not the same value: -0.0 == 0.0 (their quotients' signs differ), 1 ==
+    1.0 == True; a NaN is the same attribute as itself. CSE keys a scalar attribute by its type
+    and bits (found with CuPy: a -0.0 merged with a 0.0 gives the other quadrant of arctan2)."""
+    from replicate.graph.passes.cse import _attr_key
+    assert _attr_key({"v": -0.0}) != _attr_key({"v": 0.0})
+    assert _attr_key({"v": np.float32(-0.0)}) != _attr_key({"v": np.float32(0.0)})
+    assert len({_attr_key(v) for v in (1, 1.0, True, np.float64(1.0))}) == 4
+    assert _attr_key({"v": float("nan")}) == _attr_key({"v": float("nan")})
+    assert _attr_key({"v": 0.5}) == _attr_key({"v": 0.5})
+
 # -- fused numerics: random elementwise programs ---------------------------------------------------
 _UNARY = [rnp.tanh, rnp.exp, rnp.sigmoid, rnp.abs, lambda a: -a, lambda a: a * a,
           lambda a: rnp.sqrt(rnp.abs(a) + 1.0), rnp.sin]

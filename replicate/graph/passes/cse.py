@@ -32,6 +32,10 @@ def _attr_key(value):
         return tuple(sorted((k, _attr_key(v)) for k, v in value.items()))
     if isinstance(value, np.dtype):
         return ("dtype", value.str)
+    if isinstance(value, (float, complex, np.generic)):  # by its bits: -0.0 is not 0.0
+        return ("scalar", type(value).__name__, np.asarray(value).tobytes())
+    if isinstance(value, int):  # True == 1, but a flag is not a count
+        return ("int", type(value).__name__, value)
     return value
 
 
