@@ -280,7 +280,7 @@ def torch_model(cfg, params):
             self.lnf, self.head = nn.LayerNorm(d), nn.Linear(d, cfg["vocab"])
 
         def forward(self, ids):
-            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
             for i in range(cfg["layers"]):
                 x = getattr(self, f"h{i}")(x)
             return self.head(self.lnf(x))
