@@ -37,9 +37,9 @@ import tempfile
 import time
 
 from ..runtime.job import mpi_shm, status
+from .ending import PREFIX, _at, verdict
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
-PREFIX = "[replicate.launch]"
 
 
 def find_mpiexec() -> str:
@@ -153,52 +153,6 @@ def gpu_environment(environ) -> None:
         environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
 
 
-def _at(record) -> str:
-    return "before its first step" if record["step"] is None else f"at step {record['step']}"
-
-
-def verdict(returncode: int, records: dict, n: int, first=None) -> tuple[int, str | None]:
-    """(exit code, message or None) of the whole job from ``mpiexec``'s exit code and the
-    ranks' records: exit code 0 only if every rank that left a record finished its script.
-    ``first``: the rank seen to end first, if one was (the others were then ended by mpiexec).
-
-    When a rank reported its own failure (it printed why and ended the job) ``mpiexec``'s exit
-    code stands. Otherwise a rank that did not finish its script is named: with exit code 0 it
-    left early (``os._exit(0)`` or ``exit(0)`` below Python: mpiexec ends the others silently and
-    returns 0); with another code it was killed, or exited below Python, and mpiexec's own
-    report names only the processes it then killed."""
-    if any(rec["state"] == status.FAILED for rec in records.values()):
-        return returncode, None
-    unseen = [r for r in range(n) if r not in records]  # (on hosts that do not share the folder)
-    if unseen and returncode != 0:
-        return returncode, (f"{PREFIX} mpiexec returned {returncode}; ranks {unseen} left no "
-                            "record here (they ran on other hosts, where this launcher's folder "
-                            "is not shared, or ended before starting): their own lines above "
-                            "say which failed and why.")
-    unfinished = {r: rec for r, rec in sorted(records.items()) if rec["state"] != status.DONE}
-    if not unfinished:
-        return returncode, None
-    if first not in unfinished and len(unfinished) == 1:
-        first = next(iter(unfinished))
-    code = returncode or 1
-    if first in unfinished:
-        others = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items() if r != first)
-        others = f" (unfinished: {others})" if others else ""
-        if returncode == 0:
-            return code, (f"{PREFIX} rank {first} exited early (code 0) {_at(unfinished[first])}:"
-                          " it ended without finishing its script (os._exit, or exit() below "
-                          "Python), and mpiexec then ended the other ranks silently and returned "
-                          f"0; the job's work is incomplete{others}.")
-        return code, (f"{PREFIX} rank {first} ended first, {_at(unfinished[first])}, without "
-                      "finishing its script or reporting a failure (killed by a signal, or "
-                      f"exit() below Python); mpiexec then ended the other ranks{others}.")
-    ranks = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items())
-    how = "exited early (code 0)" if returncode == 0 else "ended without finishing"
-    return code, (f"{PREFIX} ranks {sorted(unfinished)} {how}: {ranks}; one of them ended "
-                  "first without finishing its script or reporting a failure (os._exit, a "
-                  "signal, or exit() below Python) and mpiexec then ended the others.")
-
-
 class Exits:
     """The order in which the ranks on this machine end, to tell the rank that left from the
     ranks mpiexec then ended: each rank's bootstrap connects to this socket and never writes;
@@ -247,6 +201,10 @@ class Exits:
         """The rank that ended first, if it ended alone."""
         return self.order[0][0] if self.order and len(self.order[0]) == 1 else None
 
+    def together(self) -> list:
+        """The ranks seen ending first, at one instant ([] if none ended)."""
+        return self.order[0] if self.order else []
+
     def close(self):
         for conn in self.conns:
             conn.close()
@@ -280,7 +238,8 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int
             _end(proc)
             return 1
     exits.wait(0)
-    code, message = verdict(proc.returncode, status.read(folder), n, exits.first())
+    code, message = verdict(proc.returncode, status.read(folder), n, exits.first(),
+                            exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
     return code

@@ -313,6 +313,23 @@ def test_the_launchers_verdict_from_the_ranks_records():
     assert code == 9 and "rank 1 ended first, at step 3, without finishing" in text, text
     failed = {0: rec(status.FAILED, 4), 1: rec(status.RUNNING, 4)}
     assert verdict(1, failed, 2) == (1, None)  # rank 0 said why itself
+    # seen ending at one instant (a busy machine): the rank the others waited for is named
+    three = {0: rec(status.RUNNING, 4), 1: rec(status.RUNNING, 3), 2: rec(status.RUNNING, 4)}
+    code, text = verdict(0, three, 3, first=None, together=[0, 1, 2])
+    assert code == 1 and text.startswith("[replicate.launch] rank 1 exited early (code 0) at "
+                                         "step 3: "), text
+    assert "ranks [0, 1, 2] were seen ending together; rank 1 is the one the others" in text
+    code, text = verdict(9, three, 3, first=None, together=[0, 1, 2])
+    assert code == 9 and "rank 1 ended first, at step 3, without finishing" in text, text
+    # no one rank behind (two at the lowest step, or no step yet): none is named
+    tied = {**three, 2: rec(status.RUNNING, 3)}
+    code, text = verdict(0, tied, 3, first=None, together=[0, 1, 2])
+    assert "ranks [0, 1, 2] exited early (code 0)" in text, text
+    unstarted = {**three, 0: rec(status.RUNNING, None)}
+    code, text = verdict(0, unstarted, 3, first=None, together=[0, 1, 2])
+    assert "ranks [0, 1, 2] exited early (code 0)" in text, text
+    code, text = verdict(0, three, 3, first=None, together=[0, 2])  # rank 1 not among them
+    assert "ranks [0, 1, 2] exited early (code 0)" in text, text
 
 
 def test_status_records_round_trip(tmp_path, monkeypatch):

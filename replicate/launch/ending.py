@@ -1,0 +1,76 @@
+"""The launcher's verdict on a finished job: which rank, if any, ended it without finishing its
+script, from ``mpiexec``'s exit code, the ranks' records (``runtime/job/status.py``) and the
+order in which the launcher saw the ranks end (``launcher.Exits``)."""
+
+from __future__ import annotations
+
+from ..runtime.job import status
+
+PREFIX = "[replicate.launch]"
+
+
+def _at(record) -> str:
+    return "before its first step" if record["step"] is None else f"at step {record['step']}"
+
+
+def _behind(together, unfinished: dict):
+    """Of ranks seen ending at one instant, the one the others waited for: the only one at an
+    earlier step than all the rest (they had gone on to the next step's collective, where they
+    wait for it until mpiexec ends them). None if no one rank is behind."""
+    steps = {r: unfinished[r]["step"] for r in together if r in unfinished}
+    if len(steps) < 2 or any(v is None for v in steps.values()):
+        return None
+    low = min(steps.values())
+    lowest = [r for r, v in steps.items() if v == low]
+    return lowest[0] if len(lowest) == 1 else None
+
+
+def verdict(returncode: int, records: dict, n: int, first=None,
+            together=()) -> tuple[int, str | None]:
+    """(exit code, message or None) of the whole job from ``mpiexec``'s exit code and the
+    ranks' records: exit code 0 only if every rank that left a record finished its script.
+    ``first``: the rank seen to end first, if one was (the others were then ended by mpiexec);
+    ``together``: the ranks seen ending first at one instant, when more than one was (on a busy
+    machine the launcher can wake after mpiexec ended the others): the one at an earlier step
+    than the rest is named, as the one they waited for.
+
+    When a rank reported its own failure (it printed why and ended the job) ``mpiexec``'s exit
+    code stands. Otherwise a rank that did not finish its script is named: with exit code 0 it
+    left early (``os._exit(0)`` or ``exit(0)`` below Python: mpiexec ends the others silently and
+    returns 0); with another code it was killed, or exited below Python, and mpiexec's own
+    report names only the processes it then killed."""
+    if any(rec["state"] == status.FAILED for rec in records.values()):
+        return returncode, None
+    unseen = [r for r in range(n) if r not in records]  # (on hosts that do not share the folder)
+    if unseen and returncode != 0:
+        return returncode, (f"{PREFIX} mpiexec returned {returncode}; ranks {unseen} left no "
+                            "record here (they ran on other hosts, where this launcher's folder "
+                            "is not shared, or ended before starting): their own lines above "
+                            "say which failed and why.")
+    unfinished = {r: rec for r, rec in sorted(records.items()) if rec["state"] != status.DONE}
+    if not unfinished:
+        return returncode, None
+    if first not in unfinished and len(unfinished) == 1:
+        first = next(iter(unfinished))
+    why = ""
+    if first not in unfinished and _behind(together, unfinished) is not None:
+        first = _behind(together, unfinished)
+        why = (f" (ranks {sorted(together)} were seen ending together; rank {first} is the one "
+               "the others waited for, at an earlier step than theirs)")
+    code = returncode or 1
+    if first in unfinished:
+        others = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items() if r != first)
+        others = f" (unfinished: {others})" if others else ""
+        if returncode == 0:
+            return code, (f"{PREFIX} rank {first} exited early (code 0) {_at(unfinished[first])}:"
+                          " it ended without finishing its script (os._exit, or exit() below "
+                          "Python), and mpiexec then ended the other ranks silently and returned "
+                          f"0; the job's work is incomplete{others}{why}.")
+        return code, (f"{PREFIX} rank {first} ended first, {_at(unfinished[first])}, without "
+                      "finishing its script or reporting a failure (killed by a signal, or "
+                      f"exit() below Python); mpiexec then ended the other ranks{others}{why}.")
+    ranks = ", ".join(f"rank {r} {_at(rec)}" for r, rec in unfinished.items())
+    how = "exited early (code 0)" if returncode == 0 else "ended without finishing"
+    return code, (f"{PREFIX} ranks {sorted(unfinished)} {how}: {ranks}; one of them ended "
+                  "first without finishing its script or reporting a failure (os._exit, a "
+                  "signal, or exit() below Python) and mpiexec then ended the others.")
