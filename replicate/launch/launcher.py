@@ -6,7 +6,8 @@
     replicate-launch -n 2 examples/classifier.py [args...]
 
 Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
-through Python starts with ``[rank] ``); any other option goes to ``mpiexec`` as written
+through Python starts with ``[rank] ``), ``--max-restarts N`` (run the job again after a failure,
+at most N times: ``replicate/launch/restart.py``); any other option goes to ``mpiexec`` as written
 (``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
 value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
 
@@ -37,7 +38,8 @@ import tempfile
 import time
 
 from ..runtime.job import mpi_shm, status
-from .ending import PREFIX, _at, verdict
+from . import restart
+from .ending import PREFIX, _at, culprit, verdict
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
 
@@ -212,15 +214,19 @@ class Exits:
         self.server.close()
 
 
-def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int:
+def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
+              stopped=None) -> tuple:
     """Wait for ``mpiexec``; end it if a rank is gone and it has not ended the job within
     ``GRACE`` seconds (a rank that failed before MPI was up leaves the others waiting in MPI's
-    start-up). Returns the job's exit code."""
+    start-up). Returns the job's exit code and, for a failed job, the rank that ended it
+    (``ending.culprit``)."""
     gone_since = None
     while proc.poll() is None:
         try:
             exits.wait(poll)
         except KeyboardInterrupt:  # mpiexec got the same Ctrl-C and ends the ranks
+            if stopped is not None:
+                stopped.append(True)  # (the user's: not restarted)
             continue
         if not exits.ended:
             continue
@@ -236,13 +242,14 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int
                   f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
                   "ending it", file=sys.stderr, flush=True)
             _end(proc)
-            return 1
+            return 1, {"rank": r, "host": rec["host"], "step": rec["step"], "why": rec["why"]
+                       or "gone, and mpiexec did not end the job"}
     exits.wait(0)
-    code, message = verdict(proc.returncode, status.read(folder), n, exits.first(),
-                            exits.together())
+    records = status.read(folder)
+    code, message = verdict(proc.returncode, records, n, exits.first(), exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
-    return code
+    return code, (culprit(records, exits.first(), exits.together()) if code else None)
 
 
 def _end(proc):
@@ -328,21 +335,35 @@ def main(argv=None) -> int:
     until it ends; returns its exit status."""
     nprocs, module, prefix, mpi_args, script, args = parse(
         sys.argv[1:] if argv is None else list(argv))
+    max_restarts, mpi_args = restart.take_options(mpi_args)
     cmd = command(nprocs, script, args, module, mpi_args)
     env = dict(os.environ)
     share_threads(env, nprocs)
     gpu_environment(env)
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
+    stopped = []  # the user ended the job (SIGTERM, Ctrl-C): no restart
+
+    def attempt(number):
+        return _attempt(cmd, {**env, restart.ENV: str(number)}, nprocs, stopped)
+    return restart.run(attempt, max_restarts, lambda: bool(stopped))
+
+
+def _attempt(cmd, env, nprocs, stopped) -> tuple:
+    """Run the job once: (exit code, the rank that ended it or None)."""
     remove_dead_folders()
     folder, lock = make_folder()
     try:
         env[status.ENV] = folder
         exits = Exits(folder)
         proc = subprocess.Popen(cmd, env=env)
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+
+        def forward(*_):
+            stopped.append(True)
+            proc.send_signal(signal.SIGTERM)
+        previous = signal.signal(signal.SIGTERM, forward)
         try:
-            return supervise(proc, folder, nprocs, exits)
+            return supervise(proc, folder, nprocs, exits, stopped=stopped)
         finally:
             signal.signal(signal.SIGTERM, previous)
             exits.close()
