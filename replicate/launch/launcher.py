@@ -7,7 +7,9 @@
 
 Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
 through Python starts with ``[rank] ``), ``--max-restarts N`` (run the job again after a failure,
-at most N times: ``replicate/launch/restart.py``); any other option goes to ``mpiexec`` as written
+at most N times: ``replicate/launch/restart.py``), ``--min-procs M`` (with ``--max-restarts``: a
+host that no longer answers is left out, down to M processes: ``replicate/launch/hosts.py``); any
+other option goes to ``mpiexec`` as written
 (``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
 value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
 
@@ -38,7 +40,7 @@ import tempfile
 import time
 
 from ..runtime.job import mpi_shm, status
-from . import restart
+from . import hosts, restart
 from .ending import PREFIX, _at, culprit, verdict
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
@@ -114,8 +116,9 @@ def _value(argv, i):
 
 def share_threads(environ, nprocs: int) -> None:
     """One BLAS thread per core share, no oversubscription: set the thread-count variables the
-    user left unset. Every BLAS reads ``OMP_NUM_THREADS`` after its own variable, so a user's
-    ``OMP_NUM_THREADS`` is their choice for every library and nothing is added; a library's own
+    user left unset (``nprocs``: the ranks on one host, ``hosts.ranks_per_host``). Every BLAS
+    reads ``OMP_NUM_THREADS`` after its own variable, so a user's ``OMP_NUM_THREADS`` is their
+    choice for every library and nothing is added; a library's own
     variable the user set (``MKL_NUM_THREADS=1``) is kept, and the others get the share.
 
     >>> env = {"MKL_NUM_THREADS": "1"}
@@ -249,7 +252,7 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
     code, message = verdict(proc.returncode, records, n, exits.first(), exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
-    return code, (culprit(records, exits.first(), exits.together()) if code else None)
+    return code, (culprit(records, exits.first(), exits.together(), n) if code else None)
 
 
 def _end(proc):
@@ -336,17 +339,27 @@ def main(argv=None) -> int:
     nprocs, module, prefix, mpi_args, script, args = parse(
         sys.argv[1:] if argv is None else list(argv))
     max_restarts, mpi_args = restart.take_options(mpi_args)
-    cmd = command(nprocs, script, args, module, mpi_args)
+    min_procs, mpi_args = hosts.take_min_procs(mpi_args, nprocs)
     env = dict(os.environ)
-    share_threads(env, nprocs)
+    share_threads(env, hosts.ranks_per_host(nprocs, mpi_args))
     gpu_environment(env)
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
     stopped = []  # the user ended the job (SIGTERM, Ctrl-C): no restart
+    job = {"n": nprocs, "mpi": mpi_args}
 
     def attempt(number):
-        return _attempt(cmd, {**env, restart.ENV: str(number)}, nprocs, stopped)
-    return restart.run(attempt, max_restarts, lambda: bool(stopped))
+        if number:  # a host that does not answer is left out (``hosts.py``)
+            changed = hosts.shrink(job["n"], job["mpi"], env, min_procs, spare)
+            if changed is not None:
+                job["n"], job["mpi"], message = changed
+                print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
+                if not job["n"]:
+                    return 1, None
+        cmd = command(job["n"], script, args, module, job["mpi"])
+        return _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped)
+    with tempfile.TemporaryDirectory(prefix="replicate-hosts-") as spare:
+        return restart.run(attempt, max_restarts, lambda: bool(stopped))
 
 
 def _attempt(cmd, env, nprocs, stopped) -> tuple:

@@ -172,3 +172,62 @@ def test_the_culprit_is_the_rank_that_said_why_else_the_one_that_ended_first():
     assert culprit(records, first=0)["rank"] == 0
     assert culprit(records, together=[0, 1])["rank"] == 1  # behind the others
     assert culprit(records) is None
+
+
+def test_hosts_ranks_per_host_and_the_hosts_left_out(tmp_path):
+    from replicate.launch import hosts
+
+    assert hosts.placement(4, [("a", None), ("b", None)]) == {"a": 2, "b": 2}
+    assert hosts.placement(5, [("a", 2), ("b", 1)]) == {"a": 4, "b": 1}  # hydra's order
+    assert hosts.placement(3, [("a", None), ("b", None)], ppn=2) == {"a": 2, "b": 1}
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the cluster\na:2\nb:2  # spare\n\n")
+    assert hosts.hosts_of(["-f", str(hostfile), "-l"]) == ([("a", 2), ("b", 2)], None)
+    assert hosts.ranks_per_host(4, ["-f", str(hostfile)]) == 2
+    assert hosts.ranks_per_host(4, ["--hosts=a,b,c,d"]) == 1
+    assert hosts.ranks_per_host(4, ["-ppn", "3"]) == 3 and hosts.ranks_per_host(4, []) == 4
+    assert hosts.without(["-l", "--hosts", "a,b:2,c", "-bind-to", "core"], {"b"}, "") == [
+        "-l", "--hosts", "a,c", "-bind-to", "core"]
+    args = hosts.without(["-f", str(hostfile)], {"a"}, str(tmp_path))
+    assert args[0] == "-f" and open(args[1]).read() == "b:2\n"
+    assert hosts.take_min_procs(["-l", "--min-procs", "2"], 4) == (2, ["-l"])
+    assert hosts.take_min_procs(["-l"], 4) == (4, ["-l"])
+    # a launcher program that reaches host a and not b (as hydra's ssh would be called)
+    shim = tmp_path / "shim"
+    shim.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                    '[ "$1" = a ] && exit 0; exit 255\n')
+    shim.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "HYDRA_LAUNCHER_EXEC": str(shim)}
+    n, args, message = hosts.shrink(4, ["-f", str(hostfile)], env, 2, str(tmp_path))
+    assert n == 2 and open(args[1]).read() == "a:2\n", message
+    assert message == "host(s) b do not answer: left out; the job goes on with 2 of 4 " \
+        "processes (--min-procs 2)"
+    n, _, message = hosts.shrink(4, ["-f", str(hostfile)], env, 3, str(tmp_path))
+    assert n == 0 and "fewer than --min-procs 3: not restarting" in message
+    assert hosts.shrink(4, ["--hosts", "a,a"], env, 1, "") is None  # every host answers
+    assert hosts.shrink(4, [], env, 1, "") is None  # no host named: nothing to probe
+    assert hosts.shrink(4, ["--hosts", "a,b"], dict(env, HYDRA_LAUNCHER="slurm"), 1, "") is None
+
+
+def test_the_launcher_shares_blas_threads_by_the_ranks_on_one_host():
+    import os
+
+    from replicate.launch import hosts, share_threads
+
+    env = {}
+    share_threads(env, hosts.ranks_per_host(8, ["--hosts", ",".join("abcdefgh")]))
+    assert env["OMP_NUM_THREADS"] == str(os.cpu_count() or 1)  # one rank on each host
+    env = {}
+    share_threads(env, hosts.ranks_per_host(8, []))
+    assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 8))
+
+
+def test_a_rank_on_another_host_is_named_not_the_one_here_that_mpiexec_ended():
+    def rec(state, step):
+        return {"pid": 1, "state": state, "code": 0, "step": step, "host": "h0", "why": ""}
+
+    cause = culprit({0: rec(status.RUNNING, 7)}, first=0, n=2)
+    assert cause["rank"] == [1]
+    assert restart.describe(cause).startswith("the job failed on another host: ranks [1]")
+    said = {0: dict(rec(status.FAILED, 7), why="ValueError: x")}
+    assert culprit(said, first=0, n=2)["rank"] == 0  # it said why itself
