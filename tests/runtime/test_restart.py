@@ -231,3 +231,40 @@ def test_a_rank_on_another_host_is_named_not_the_one_here_that_mpiexec_ended():
     assert restart.describe(cause).startswith("the job failed on another host: ranks [1]")
     said = {0: dict(rec(status.FAILED, 7), why="ValueError: x")}
     assert culprit(said, first=0, n=2)["rank"] == 0  # it said why itself
+
+
+@_mpi
+def test_a_plain_mpiexec_does_not_hang_when_a_rank_fails_before_importing_replicate():
+    """``mpiexec -n 2 python script.py`` (no bootstrap, no launcher), rank 1 exits before its
+    ``import replicate``: rank 0's wait in MPI's start-up is bounded, it names rank 1 and says
+    how to run the script instead; a job whose ranks all arrive leaves nothing behind."""
+    import glob
+    import sys
+
+    from conftest import MPIEXEC, child_env, run
+
+    before = set(glob.glob("/tmp/replicate-startup-*"))
+    with exclusive():
+        failed = run([MPIEXEC, "-n", "2", sys.executable, "startup_plain.py", "fail"],
+                     env=child_env(REPLICATE_STARTUP_TIMEOUT=3), timeout=60)
+        fine = run([MPIEXEC, "-n", "2", sys.executable, "startup_plain.py"],
+                   env=child_env(REPLICATE_STARTUP_TIMEOUT=3), timeout=60, check=True)
+    assert failed.returncode != 0 and failed.seconds < 30, report(failed)
+    assert "[replicate] rank 0: MPI start-up has waited 3 s for the other ranks " \
+        "(REPLICATE_STARTUP_TIMEOUT); ranks [1] never reached it on this host" in \
+        failed.stderr, report(failed)
+    assert "python -m replicate script.py" in failed.stderr, report(failed)
+    assert "rank 0 up" in fine.stdout and "rank 1 up" in fine.stdout, report(fine)
+    assert "MPI start-up has waited" not in fine.stderr, report(fine)
+    assert set(glob.glob("/tmp/replicate-startup-*")) <= before  # no mark left
+
+
+def test_the_startup_timeout_is_read_from_the_environment():
+    from replicate.runtime.job import startup
+
+    assert startup.timeout({}) == startup.DEFAULT == 120.0
+    assert startup.timeout({"REPLICATE_STARTUP_TIMEOUT": "0"}) == 0.0
+    assert startup.timeout({"REPLICATE_STARTUP_TIMEOUT": " 2.5 "}) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        with pytest.raises(ReplicateError, match="REPLICATE_STARTUP_TIMEOUT=.*expected a number"):
+            startup.timeout({"REPLICATE_STARTUP_TIMEOUT": bad})
