@@ -259,6 +259,10 @@ class Cluster:
         holds its namespaces) is killed with SIGKILL; it answers nothing from then on."""
         _kill_in(self.ns[host])
 
+    def cut_link(self, host: int) -> None:
+        """Host ``host``'s link goes down (its processes run on, reaching nobody)."""
+        _sh("ip", "link", "set", self.links[host], "down")
+
     def shell(self, host: int, script: str) -> str:
         """Run a shell ``script`` on host ``host``; its output."""
         cmd = self.enter(host) + ["sh", "-c", script]

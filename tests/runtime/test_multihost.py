@@ -211,3 +211,45 @@ def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster,
     for key in want:
         if key != "_losses":
             np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12, err_msg=key)
+
+
+@needs_cluster
+def test_a_cut_link_ends_the_job_within_the_silence_bound_naming_the_host(cluster):
+    """The link of host 1 goes down mid-training: its ranks run on but reach nobody. The hosts'
+    heartbeats stop arriving, and within ``REPLICATE_HOST_SILENCE`` seconds (4 here) rank 0 names
+    the silent host and its ranks and ends the job — long before the collective timeout."""
+    import subprocess
+    import threading
+    import time
+
+    c = cluster(2)
+    out = os.path.join(c.folder, "job.npz")
+    cmd = c.enter(0, PROGRAMS) + [
+        sys.executable, "-m", "replicate.launch", "-n", "2", "-f", c.hostfile(),
+        "faults_resume.py", out, "--steps", "400", "--sleep", "0.1"]
+    env = child_env(REPLICATE_HOST_SILENCE=4, REPLICATE_COLLECTIVE_TIMEOUT=60)  # (a bound)
+    proc = subprocess.Popen(cmd, env=c.env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines, errors, cut = [], [], []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("rank 1 step 3") and not cut:
+                c.cut_link(1)
+                cut.append(time.monotonic())
+        proc.wait(timeout=TIMEOUT)
+        ended = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    reader.join(5)
+    text = f"exit {proc.returncode}\n--- stdout\n{''.join(lines)}\n--- stderr\n{''.join(errors)}"
+    assert cut and proc.returncode != 0, text
+    assert "[replicate] rank 0: host node1 (ranks [1]) has been silent for " in "".join(errors) \
+        and "(REPLICATE_HOST_SILENCE=4): a cut link, or the host stopped" in "".join(errors), text
+    assert ended - cut[0] < 4 + 20, f"ended {ended - cut[0]:.1f} s after the cut\n{text}"
+    assert not os.path.exists(out), text

@@ -268,3 +268,13 @@ def test_the_startup_timeout_is_read_from_the_environment():
     for bad in ("soon", "-1", "nan"):
         with pytest.raises(ReplicateError, match="REPLICATE_STARTUP_TIMEOUT=.*expected a number"):
             startup.timeout({"REPLICATE_STARTUP_TIMEOUT": bad})
+
+
+def test_the_host_silence_bound_is_read_from_the_environment():
+    from replicate.runtime.job import heartbeat
+
+    assert heartbeat.silence({}) == heartbeat.DEFAULT == 30.0
+    assert heartbeat.silence({"REPLICATE_HOST_SILENCE": "0"}) == 0.0
+    for bad in ("later", "-2", "nan"):
+        with pytest.raises(ReplicateError, match="REPLICATE_HOST_SILENCE=.*seconds >= 0"):
+            heartbeat.silence({"REPLICATE_HOST_SILENCE": bad})

@@ -231,7 +231,8 @@ class MPIComm:
         """Set ``local_rank``/``local_size``: this rank among the ranks on its machine (MPI's
         shared-memory split; a GPU process takes GPU ``local_rank % device count``), and the
         hosts' ``levels`` where the two-level reduction applies."""
-        self.local_rank, self.local_size, self.levels = Levels.find(self.MPI, self.comm)
+        self.local_rank, self.local_size, self.levels, self.hosts = Levels.find(self.MPI,
+                                                                                self.comm)
 
     def isend(self, x: np.ndarray, dest: int):
         """Start sending ``x`` (C-contiguous, kept alive by the caller until the request is

@@ -34,6 +34,7 @@ it leaves a host, and the result too, so every rank holds the same bits —
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -123,18 +124,20 @@ class Levels:
 
     @classmethod
     def find(cls, MPI, comm):  # noqa: N803
-        """(local rank, local size, Levels or None) of ``comm`` (a collective call)."""
+        """(local rank, local size, Levels or None, each rank's host: (its first rank, its
+        name)) of ``comm`` (a collective call)."""
         rank = comm.Get_rank()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         lr, ls = local.Get_rank(), local.Get_size()
         first = local.allreduce(rank, op=MPI.MIN)  # (the host's first rank)
-        place = comm.allgather((rank - lr == first, ls))
-        blocks = all(ok for ok, _ in place) and len({size for _, size in place}) == 1
+        place = comm.allgather((rank - lr == first, ls, (first, socket.gethostname())))
+        hosts = [host for _, _, host in place]
+        blocks = all(ok for ok, _, _ in place) and len({size for _, size, _ in place}) == 1
         if not (blocks and 1 < ls < len(place)):  # (a decision every rank reaches alike)
             local.Free()
-            return lr, ls, None
+            return lr, ls, None, hosts
         cross = comm.Split(lr, comm.Get_rank())
-        return lr, ls, cls(MPI, local, cross)
+        return lr, ls, cls(MPI, local, cross), hosts
 
     def dup(self):
         return Levels(self.MPI, self.local.Dup(), self.cross.Dup())

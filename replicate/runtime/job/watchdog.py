@@ -11,9 +11,9 @@ longer than the timeout (``REPLICATE_COLLECTIVE_TIMEOUT`` seconds, default 300, 
 disables; ``Replicator(collective_timeout=...)``), it asks every peer's watchdog over a side
 channel (a duplicate of the world communicator, point-to-point messages) what it is doing, prints
 which ranks have not arrived at that collective and what each of them is doing instead (its step
-and source line), and aborts the job. A process that exits while its peers still wait for it in a
-collective it will never join says goodbye on the same channel, and they abort at once rather
-than at the timeout.
+and source line), and aborts the job. A process that exits while its peers still wait for it in
+a collective it will never join says goodbye on the same channel: they abort at once. Hosts that
+go silent: ``heartbeat.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 import time
 
 from ...errors import ReplicateError, source_line
-from . import status
+from . import heartbeat, status
 
 ENV = "REPLICATE_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
@@ -56,8 +56,7 @@ def parse_timeout(value, what=ENV) -> float:
 
 
 def timeout_from_env() -> float:
-    raw = os.environ.get(ENV)
-    return DEFAULT_TIMEOUT if raw is None else parse_timeout(raw)
+    return DEFAULT_TIMEOUT if (raw := os.environ.get(ENV)) is None else parse_timeout(raw)
 
 
 class Call:
@@ -193,6 +192,7 @@ class Watchdog:
         self.reported = False
         self._sends: list = []
         self._stop = threading.Event()
+        self.beats = heartbeat.Heartbeat(self, getattr(world, "hosts", None))  # (across hosts)
         self.thread = threading.Thread(target=self._loop, name="replicate-watchdog", daemon=True)
         self.thread.start()
         atexit.register(self.close)
@@ -215,6 +215,7 @@ class Watchdog:
             try:
                 self._serve()
                 self._check()
+                self.beats.beat(self._ready())
             except Exception as e:  # noqa: BLE001 - the watchdog must never die silently
                 print(f"[replicate] rank {self.rank}: watchdog error: {e!r}", file=sys.stderr,
                       flush=True)
@@ -242,6 +243,8 @@ class Watchdog:
                 answers[source] = message
             elif tag == _BYE:
                 self.gone[source] = message
+            elif tag == heartbeat.TAG:
+                self.beats.heard_from(source)
         self._sends = [r for r in self._sends if not r.Test()]
 
     def _send(self, message, dest, tag):
