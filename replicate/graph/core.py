@@ -164,9 +164,14 @@ class Array:
         return self.value.tolist()
 
     # -- DLPack: the value, zero-copy, to np.from_dlpack, jax.dlpack, torch.from_dlpack ---------
-    def __dlpack__(self, **kwargs):
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The Array API's DLPack export (a concrete value, in host memory: ``stream`` must be
+        None); the keywords as NumPy takes them."""
         self._need_concrete("DLPack export")
-        return np.asarray(self.value).__dlpack__(**kwargs)
+        given = {"stream": stream, "max_version": max_version, "dl_device": dl_device,
+                 "copy": copy}
+        return np.asarray(self.value).__dlpack__(
+            **{k: v for k, v in given.items() if v is not None})
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU, device 0: a concrete value lives in host memory

@@ -172,7 +172,7 @@ def _namespace_module():
 
 _install_operators(Array)
 
-__all__ = [n for n in dir() if not n.startswith("_")]
+__all__ = [n for n in dir() if not n.startswith("_") and n != "annotations"]  # (not __future__'s)
 globals()["bool"] = _np.bool_  # the Array API's name (not in __all__: a star import keeps Python's)
 
 # NumPy functions on Arrays and Variables refuse, naming the function here of the same name; the

@@ -72,3 +72,24 @@ def test_a_replicator_takes_foreign_batches():
 def test_from_dlpack_needs_dlpack():
     with pytest.raises(rp.ReplicateError, match="has no __dlpack__"):
         rnp.from_dlpack([1, 2])
+
+
+def test_dlpack_export_takes_the_array_apis_keywords_and_no_others():
+    import inspect
+
+    a = rnp.asarray(np.arange(3.0))
+    params = inspect.signature(type(a).__dlpack__).parameters
+    assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == [
+        "stream", "max_version", "dl_device", "copy"]
+    assert np.from_dlpack(a).tolist() == [0.0, 1.0, 2.0]
+    assert a.__dlpack__(max_version=(1, 0)) is not None
+    with pytest.raises(TypeError):
+        a.__dlpack__(bogus=1)
+
+
+def test_the_namespace_exports_only_its_own_names():
+    import __future__
+
+    exported = {n: getattr(rnp, n) for n in rnp.__all__}
+    assert "annotations" not in exported
+    assert not [n for n, v in exported.items() if isinstance(v, __future__._Feature)]
