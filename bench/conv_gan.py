@@ -49,7 +49,6 @@ import argparse
 import collections
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from dataclasses import asdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _workers import init_gloo  # noqa: E402
 
 NOISE, GLOBAL_BATCH, PROCS, POOL = 32, 128, 2, 4
 LR, BETAS, SLOPE = 2e-4, (0.5, 0.999), 0.2
@@ -232,19 +232,10 @@ def sync_bn_works() -> str:
 
 def ddp_runner(comm, pool):
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    if not dist.is_initialized():
-        port = None
-        if comm.Get_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=comm.Get_rank(), world_size=comm.Get_size())
+    init_gloo(comm)
     why = sync_bn_works()
     gen, disc = torch_models(sync_bn=not why)
     batches = [(torch.from_numpy(r), torch.from_numpy(z))

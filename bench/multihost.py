@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import _common as C  # noqa: E402
-from step_time import LR, MLP_SIZES, mlp_init, mlp_sizes, torch_model  # noqa: E402
+from _workers import ddp_mlp, replicate_mlp  # noqa: E402
+from step_time import MLP_SIZES, mlp_init  # noqa: E402
 
 BATCH = 256
 RATES = ("10gbit", "1gbit")
@@ -44,60 +46,6 @@ DDP = "PyTorch DDP (gloo)"
 
 
 # -- the worker (one rank) ---------------------------------------------------------------------
-def replicate_runner(params, x, y, options):
-    import replicate as rp
-
-    sizes = mlp_sizes(params)
-    layers = [rp.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
-    model = rp.nn.Sequential(layers[0], rp.nn.relu, layers[1], rp.nn.relu, layers[2])
-    variables = [v for lin in layers for v in (lin.weight, lin.bias)]
-    for v, p in zip(variables, params):
-        v.load(p.copy())
-    opt = rp.wrap_optimizer(rp.optim.SGD(model.parameters(), lr=LR))
-
-    def input_fn(ctx):
-        while True:
-            yield x, y
-
-    def step_fn(batch):
-        xb, yb = batch
-        loss = rp.nn.softmax_cross_entropy(model(xb), yb).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
-        return {"loss": loss}
-
-    rep = rp.Replicator(input_fn, step_fn, replicas_per_rank=1, options=options)
-    return (lambda steps: rep.run(steps=steps)), variables
-
-
-def ddp_runner(comm, params, x, y):
-    import socket
-
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDPModel
-
-    torch.set_num_threads(1)
-    address, port = socket.gethostbyname(socket.gethostname()), None  # rank 0's host
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind((address, 0))
-            port = s.getsockname()[1]
-    address, port = comm.bcast((address, port), root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
-    model = DDPModel(torch_model("mlp", params))
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def run(steps):
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model(xt), yt).backward()
-            opt.step()
-    return run
-
-
 def allreduce_runner(elements):
     import numpy as np
 
@@ -122,11 +70,11 @@ def worker(args):
     params, _, _ = mlp_init(sizes, 1, seed=0)
     _, x, y = mlp_init(sizes, BATCH, seed=100 + rank)
     if args.row == DDP:
-        run = ddp_runner(comm, params, x, y)
+        run = ddp_mlp(comm, params, x, y, socket.gethostbyname(socket.gethostname()))
     elif args.row.startswith("allreduce"):
         run = allreduce_runner(int(args.row.split()[1]))
     else:
-        run, variables = replicate_runner(params, x, y, json.loads(args.options))
+        run, variables = replicate_mlp(params, x, y, options=json.loads(args.options))
     run(2)  # warm-up (and the one trace)
     if args.check:  # the correctness run: a few steps, then the parameters' hash
         run(args.steps)

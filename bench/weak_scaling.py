@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,70 +35,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _workers import ddp_mlp, replicate_mlp  # noqa: E402
 from step_time import (  # noqa: E402
     LR,
     MLP_SIZES,
     mlp_init,
-    mlp_sizes,
     numpy_softmax_xent_grad,
-    torch_model,
 )
 
 BATCH = 256
-
-
-def replicate_runner(params, x, y, mode, backend):
-    import replicate as rp
-
-    sizes = mlp_sizes(params)
-    layers = [rp.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
-    model = rp.nn.Sequential(layers[0], rp.nn.relu, layers[1], rp.nn.relu, layers[2])
-    for v, p in zip([v for lin in layers for v in (lin.weight, lin.bias)], params):
-        v.load(p.copy())
-    opt = rp.wrap_optimizer(rp.optim.SGD(model.parameters(), lr=LR))
-
-    def input_fn(ctx):
-        while True:
-            yield x, y
-
-    def step_fn(batch):
-        xb, yb = batch
-        loss = rp.nn.softmax_cross_entropy(model(xb), yb).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
-        return {"loss": loss}
-
-    rep = rp.Replicator(input_fn, step_fn, mode=mode, backend=backend, replicas_per_rank=1)
-    return lambda steps: rep.run(steps=steps)
-
-
-def ddp_runner(comm, params, x, y):
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.set_num_threads(1)
-    if not dist.is_initialized():
-        port = None
-        if comm.Get_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=comm.Get_rank(), world_size=comm.Get_size())
-    model = DDP(torch_model("mlp", params))
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def run(steps):
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt), yt)
-            loss.backward()
-            opt.step()
-        return float(loss.detach())
-    return run
 
 
 def hand_runner(comm, params, x, y, communicate):
@@ -168,12 +112,13 @@ def worker(args):
     steps = 3 if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds
     if args.row == "PyTorch DDP (gloo)":
-        run = ddp_runner(comm, params, x, y)
+        run = ddp_mlp(comm, params, x, y)
     elif args.row.startswith("hand NumPy"):
         run = hand_runner(comm, params, x, y, communicate=args.row != CEILING)
     else:
         mode = "eager" if "eager" in args.row else "graph"
-        run = replicate_runner(params, x, y, mode, args.row.split()[-1].strip("()"))
+        run = replicate_mlp(params, x, y, mode=mode,
+                            backend=args.row.split()[-1].strip("()"))[0]
     run(3)  # warm-up (and the one trace)
     times = []
     for _ in range(rounds):
