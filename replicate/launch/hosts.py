@@ -1,8 +1,9 @@
 """The hosts of a job, as the launcher's ``mpiexec`` options name them: how many ranks each runs
 (for the BLAS thread share: cores ÷ the ranks on one host, not ÷ all ranks of the job), and which
 of them still answer after a failure (``--max-restarts`` with ``--min-procs M``: a host that does
-not answer is left out of the next attempt, which runs on the ranks the other hosts held, as long
-as at least M remain; ``Replicator(num_replicas=R)`` keeps the math the same on fewer processes).
+not answer, or whose ranks ended two attempts, is left out of the next attempt, which runs on
+the ranks the other hosts held, as long as at least M remain; ``Replicator(num_replicas=R)``
+keeps the math the same on fewer processes).
 
 Hosts come from ``-f``/``-hostfile``/``-machinefile FILE`` (lines ``name[:slots]``) or
 ``--hosts``/``-hosts a,b[:slots]``; ``-ppn``/``-perhost P`` ranks per host. Ranks are placed as
@@ -82,6 +83,20 @@ def placement(n: int, hosts: list, ppn: int | None = None) -> dict[str, int]:
     return counts
 
 
+def rank_hosts(n: int, mpi_args: list[str]) -> list[str]:
+    """Each rank's host as hydra places them ([] when no host is named)."""
+    hosts, ppn = hosts_of(mpi_args)
+    out, left = [], n
+    while hosts and left > 0:
+        for name, slots in hosts:
+            take = min(left, ppn or slots or 1)
+            out += [name] * take
+            left -= take
+            if left == 0:
+                break
+    return out
+
+
 def ranks_per_host(n: int, mpi_args: list[str]) -> int:
     """The most ranks any one host of the job runs (``n`` when no host is named)."""
     hosts, ppn = hosts_of(mpi_args)
@@ -132,25 +147,32 @@ def without(mpi_args: list[str], dead: set[str], folder: str) -> list[str]:
     return out
 
 
-def shrink(n: int, mpi_args: list[str], environ, min_procs: int, folder: str):
+def shrink(n: int, mpi_args: list[str], environ, min_procs: int, folder: str, failing=()):
     """After a failed attempt: (n, mpi_args, message) for the next one with the hosts that do
-    not answer left out, or None when every host answers (or none is named); ``message`` says
-    what changed, or why the job cannot go on (then n is 0)."""
+    not answer left out — and the ``failing`` ones (their ranks ended two attempts) where at
+    least ``min_procs`` processes remain without them — or None when none is (or no host is
+    named); ``message`` says what changed, or why the job cannot go on (then n is 0)."""
     hosts, ppn = hosts_of(mpi_args)
     if len(hosts) < 2 or prober(environ) is None:
         return None
-    dead = {h for h, _ in hosts if not answers(h, environ)}
+    had = placement(n, hosts, ppn)
+    silent = {h for h, _ in hosts if not answers(h, environ)}
+    bad = {h for h in failing if h in had} - silent
+    if bad and n - sum(had[h] for h in silent | bad) < max(1, min_procs):
+        bad = set()  # (kept: no fewer processes than allowed; a fault may pass)
+    dead = silent | bad
     if not dead:
         return None
-    had = placement(n, hosts, ppn)
     left = n - sum(had[h] for h in dead)
-    names = ", ".join(sorted(dead))
+    why = "; ".join(part for part in (
+        f"host(s) {', '.join(sorted(silent))} do not answer" if silent else "",
+        f"host(s) {', '.join(sorted(bad))} had ranks end two attempts" if bad else "") if part)
     if left < max(1, min_procs) or len(dead) == len(hosts):
-        return 0, mpi_args, (f"host(s) {names} do not answer; {max(left, 0)} of {n} processes "
-                             f"would remain, fewer than --min-procs {min_procs}: not restarting")
+        return 0, mpi_args, (f"{why}; {max(left, 0)} of {n} processes would remain, fewer "
+                             f"than --min-procs {min_procs}: not restarting")
     return left, without(mpi_args, dead, folder), (
-        f"host(s) {names} do not answer: left out; the job goes on with {left} of {n} "
-        f"processes (--min-procs {min_procs})")
+        f"{why}: left out; the job goes on with {left} of {n} processes (--min-procs "
+        f"{min_procs})")
 
 
 def take_min_procs(mpi_args: list[str], n: int) -> tuple[int, list[str]]:
@@ -172,4 +194,4 @@ def take_min_procs(mpi_args: list[str], n: int) -> tuple[int, list[str]]:
     return value, out
 
 
-__all__ = ["hosts_of", "placement", "ranks_per_host", "shrink", "take_min_procs"]
+__all__ = ["hosts_of", "placement", "rank_hosts", "ranks_per_host", "shrink", "take_min_procs"]

@@ -346,18 +346,25 @@ def main(argv=None) -> int:
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
     stopped = []  # the user ended the job (SIGTERM, Ctrl-C): no restart
-    job = {"n": nprocs, "mpi": mpi_args}
+    job = {"n": nprocs, "mpi": mpi_args, "failed": {}, "cause": None}
 
     def attempt(number):
-        if number:  # a host that does not answer is left out (``hosts.py``)
-            changed = hosts.shrink(job["n"], job["mpi"], env, min_procs, spare)
+        if number:  # a host that does not answer, or failed twice, is left out (``hosts.py``)
+            twice = [h for h, count in job["failed"].items() if count >= 2]
+            changed = hosts.shrink(job["n"], job["mpi"], env, min_procs, spare, twice)
             if changed is not None:
                 job["n"], job["mpi"], message = changed
                 print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
                 if not job["n"]:
                     return 1, None
         cmd = command(job["n"], script, args, module, job["mpi"])
-        return _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped)
+        code, cause = _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped)
+        placed = hosts.rank_hosts(job["n"], job["mpi"])
+        ranks = cause["rank"] if cause and isinstance(cause["rank"], list) else [
+            cause["rank"]] if cause else []
+        for host in {placed[r] for r in ranks if r < len(placed)}:
+            job["failed"][host] = job["failed"].get(host, 0) + 1
+        return code, cause
     with tempfile.TemporaryDirectory(prefix="replicate-hosts-") as spare:
         return restart.run(attempt, max_restarts, lambda: bool(stopped))
 

@@ -278,3 +278,23 @@ def test_the_host_silence_bound_is_read_from_the_environment():
     for bad in ("later", "-2", "nan"):
         with pytest.raises(ReplicateError, match="REPLICATE_HOST_SILENCE=.*seconds >= 0"):
             heartbeat.silence({"REPLICATE_HOST_SILENCE": bad})
+
+
+def test_a_host_whose_ranks_ended_two_attempts_is_left_out_where_allowed(tmp_path):
+    from replicate.launch import hosts
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a:2\nb:2\nc:2\n")
+    args = ["-f", str(hostfile)]
+    assert hosts.rank_hosts(6, args) == ["a", "a", "b", "b", "c", "c"]
+    assert hosts.rank_hosts(4, ["--hosts", "a,b"]) == ["a", "b", "a", "b"]
+    shim = tmp_path / "shim"  # every host answers
+    shim.write_text("#!/bin/sh\nexit 0\n")
+    shim.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "HYDRA_LAUNCHER_EXEC": str(shim)}
+    n, args2, message = hosts.shrink(6, args, env, 4, str(tmp_path), failing=["b"])
+    assert n == 4 and open(args2[1]).read() == "a:2\nc:2\n"
+    assert message == "host(s) b had ranks end two attempts: left out; the job goes on with 4 " \
+        "of 6 processes (--min-procs 4)"
+    # not below --min-procs for a host that still answers: it stays (a fault may pass)
+    assert hosts.shrink(6, args, env, 6, str(tmp_path), failing=["b"]) is None
