@@ -254,6 +254,11 @@ class Cluster:
                 out.append(int(rx.read()) + int(tx.read()))
         return out
 
+    def kill_host(self, host: int) -> None:
+        """Host ``host`` dies: every process on it (its ranks, hydra's proxy, the process that
+        holds its namespaces) is killed with SIGKILL; it answers nothing from then on."""
+        _kill_in(self.ns[host])
+
     def shell(self, host: int, script: str) -> str:
         """Run a shell ``script`` on host ``host``; its output."""
         cmd = self.enter(host) + ["sh", "-c", script]

@@ -74,3 +74,30 @@ def verdict(returncode: int, records: dict, n: int, first=None,
     return code, (f"{PREFIX} ranks {sorted(unfinished)} {how}: {ranks}; one of them ended "
                   "first without finishing its script or reporting a failure (os._exit, a "
                   "signal, or exit() below Python) and mpiexec then ended the others.")
+
+
+def culprit(records: dict, first=None, together=(), n: int | None = None) -> dict | None:
+    """The rank that ended a failed job, for the restart log: ``{"rank", "host", "step",
+    "why"}`` (``why``: the failure's line the rank recorded, "" when it ended without one — killed,
+    or exit() below Python), or None when the records do not tell (no rank left one, or several
+    ended at one instant with none behind). With ranks of the ``n`` that left no record here
+    (other hosts) and no rank here that said why, those ranks are named (``"rank"``: their
+    list): a rank here that ended first was ended by mpiexec, not the cause."""
+    failed = sorted(r for r, rec in records.items() if rec["state"] == status.FAILED)
+    unfinished = {r: rec for r, rec in records.items() if rec["state"] != status.DONE}
+    with_reason = [r for r in failed if records[r].get("why")]
+    unseen = [r for r in range(n or 0) if r not in records]
+    if unseen and not with_reason:
+        return {"rank": unseen, "host": "", "step": None, "why": ""}
+    if with_reason or failed:
+        rank = (with_reason or failed)[0]
+    elif first in unfinished:
+        rank = first
+    elif _behind(together, unfinished) is not None:
+        rank = _behind(together, unfinished)
+    elif len(unfinished) == 1:
+        rank = next(iter(unfinished))
+    else:
+        return None
+    rec = records[rank]
+    return {"rank": rank, "host": rec["host"], "step": rec["step"], "why": rec.get("why", "")}

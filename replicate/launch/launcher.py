@@ -6,7 +6,10 @@
     replicate-launch -n 2 examples/classifier.py [args...]
 
 Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
-through Python starts with ``[rank] ``); any other option goes to ``mpiexec`` as written
+through Python starts with ``[rank] ``), ``--max-restarts N`` (run the job again after a failure,
+at most N times: ``replicate/launch/restart.py``), ``--min-procs M`` (with ``--max-restarts``: a
+host that no longer answers is left out, down to M processes: ``replicate/launch/hosts.py``); any
+other option goes to ``mpiexec`` as written
 (``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
 value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
 
@@ -37,7 +40,8 @@ import tempfile
 import time
 
 from ..runtime.job import mpi_shm, status
-from .ending import PREFIX, _at, verdict
+from . import hosts, restart
+from .ending import PREFIX, _at, culprit, verdict
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
 
@@ -112,8 +116,9 @@ def _value(argv, i):
 
 def share_threads(environ, nprocs: int) -> None:
     """One BLAS thread per core share, no oversubscription: set the thread-count variables the
-    user left unset. Every BLAS reads ``OMP_NUM_THREADS`` after its own variable, so a user's
-    ``OMP_NUM_THREADS`` is their choice for every library and nothing is added; a library's own
+    user left unset (``nprocs``: the ranks on one host, ``hosts.ranks_per_host``). Every BLAS
+    reads ``OMP_NUM_THREADS`` after its own variable, so a user's ``OMP_NUM_THREADS`` is their
+    choice for every library and nothing is added; a library's own
     variable the user set (``MKL_NUM_THREADS=1``) is kept, and the others get the share.
 
     >>> env = {"MKL_NUM_THREADS": "1"}
@@ -212,15 +217,19 @@ class Exits:
         self.server.close()
 
 
-def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int:
+def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
+              stopped=None) -> tuple:
     """Wait for ``mpiexec``; end it if a rank is gone and it has not ended the job within
     ``GRACE`` seconds (a rank that failed before MPI was up leaves the others waiting in MPI's
-    start-up). Returns the job's exit code."""
+    start-up). Returns the job's exit code and, for a failed job, the rank that ended it
+    (``ending.culprit``)."""
     gone_since = None
     while proc.poll() is None:
         try:
             exits.wait(poll)
         except KeyboardInterrupt:  # mpiexec got the same Ctrl-C and ends the ranks
+            if stopped is not None:
+                stopped.append(True)  # (the user's: not restarted)
             continue
         if not exits.ended:
             continue
@@ -236,13 +245,14 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1) -> int
                   f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
                   "ending it", file=sys.stderr, flush=True)
             _end(proc)
-            return 1
+            return 1, {"rank": r, "host": rec["host"], "step": rec["step"], "why": rec["why"]
+                       or "gone, and mpiexec did not end the job"}
     exits.wait(0)
-    code, message = verdict(proc.returncode, status.read(folder), n, exits.first(),
-                            exits.together())
+    records = status.read(folder)
+    code, message = verdict(proc.returncode, records, n, exits.first(), exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
-    return code
+    return code, (culprit(records, exits.first(), exits.together(), n) if code else None)
 
 
 def _end(proc):
@@ -328,21 +338,45 @@ def main(argv=None) -> int:
     until it ends; returns its exit status."""
     nprocs, module, prefix, mpi_args, script, args = parse(
         sys.argv[1:] if argv is None else list(argv))
-    cmd = command(nprocs, script, args, module, mpi_args)
+    max_restarts, mpi_args = restart.take_options(mpi_args)
+    min_procs, mpi_args = hosts.take_min_procs(mpi_args, nprocs)
     env = dict(os.environ)
-    share_threads(env, nprocs)
+    share_threads(env, hosts.ranks_per_host(nprocs, mpi_args))
     gpu_environment(env)
     if prefix:
         env["REPLICATE_PREFIX_RANK"] = "1"
+    stopped = []  # the user ended the job (SIGTERM, Ctrl-C): no restart
+    job = {"n": nprocs, "mpi": mpi_args}
+
+    def attempt(number):
+        if number:  # a host that does not answer is left out (``hosts.py``)
+            changed = hosts.shrink(job["n"], job["mpi"], env, min_procs, spare)
+            if changed is not None:
+                job["n"], job["mpi"], message = changed
+                print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
+                if not job["n"]:
+                    return 1, None
+        cmd = command(job["n"], script, args, module, job["mpi"])
+        return _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped)
+    with tempfile.TemporaryDirectory(prefix="replicate-hosts-") as spare:
+        return restart.run(attempt, max_restarts, lambda: bool(stopped))
+
+
+def _attempt(cmd, env, nprocs, stopped) -> tuple:
+    """Run the job once: (exit code, the rank that ended it or None)."""
     remove_dead_folders()
     folder, lock = make_folder()
     try:
         env[status.ENV] = folder
         exits = Exits(folder)
         proc = subprocess.Popen(cmd, env=env)
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+
+        def forward(*_):
+            stopped.append(True)
+            proc.send_signal(signal.SIGTERM)
+        previous = signal.signal(signal.SIGTERM, forward)
         try:
-            return supervise(proc, folder, nprocs, exits)
+            return supervise(proc, folder, nprocs, exits, stopped=stopped)
         finally:
             signal.signal(signal.SIGTERM, previous)
             exits.close()

@@ -160,3 +160,54 @@ def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_o
     assert "input failed on rank 1" in result.stderr, report(result)
     assert "rank 0 ended first" not in result.stderr, report(result)
     assert "ranks [1] left no record here" in result.stderr, report(result)
+
+
+@needs_cluster
+def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster, tmp_path):
+    """Two hosts, one rank each, ``num_replicas=2``: host 1 dies (every process on it killed)
+    after step 7. Under ``--max-restarts 1 --min-procs 1`` the launcher finds it does not answer,
+    leaves it out and starts the job again on host 0 alone (2 replicas in one process), which
+    resumes from the shared checkpoint and ends where an uninterrupted run ends, to 1e-12."""
+    import subprocess
+    import threading
+
+    c = cluster(2)
+    ck = os.path.join(c.folder, "ck", "s-{step:03d}.npz")
+    out, full = os.path.join(c.folder, "job.npz"), str(tmp_path / "full.npz")
+    one_host(2, "faults_resume.py", full, "--steps", "16", "--num-replicas", "2")
+    cmd = c.enter(0, PROGRAMS) + [
+        sys.executable, "-m", "replicate.launch", "-n", "2", "-f", c.hostfile(),
+        "--max-restarts", "1", "--min-procs", "1", "faults_resume.py", out, "--steps", "16",
+        "--num-replicas", "2", "--auto", "--ckpt", ck, "--every", "3", "--sleep", "0.3"]
+    proc = subprocess.Popen(cmd, env=c.env(child_env()), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines, errors = [], []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("rank 1 step 7") and len(c.holders) and not getattr(
+                    proc, "killed_host", False):
+                c.kill_host(1)
+                proc.killed_host = True
+        proc.wait(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    reader.join(5)
+    text = f"exit {proc.returncode}\n--- stdout\n{''.join(lines)}\n--- stderr\n{''.join(errors)}"
+    assert getattr(proc, "killed_host", False), text
+    assert proc.returncode == 0, text
+    stderr = "".join(errors)
+    assert "restart 1 of 1: the job failed on another host: ranks [1] left no record here" \
+        in stderr, text  # (not rank 0, which mpiexec ended)
+    assert "host(s) node1 do not answer: left out; the job goes on with 1 of 2 processes" \
+        in stderr, text
+    assert "rank 0 resumed at step 6" in "".join(lines), text
+    got, want = dict(np.load(out)), dict(np.load(full))
+    assert int(got["_step"]) == int(want["_step"]) == 16
+    for key in want:
+        if key != "_losses":
+            np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12, err_msg=key)

@@ -25,7 +25,7 @@ from time import monotonic
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from ..job import exposure, hooks, mpi_shm, status, watchdog
+from ..job import exposure, hooks, mpi_shm, startup, status, watchdog
 from ..job.watchdog import TRACKER, Call
 from .hierarchy import Levels, combine, settings
 
@@ -296,11 +296,14 @@ def world():
         _world = SelfComm()
         if launched_by_mpi():
             exposure.before_mpi()
+            waiting = startup.watch()  # (a plain mpiexec: a bounded wait in MPI_Init)
             try:
                 comm = MPIComm()
             except ImportError as e:
                 raise ImportError("launched under MPI but mpi4py is missing: "
                                   "pip install 'replicate[mpi]'") from e
+            finally:
+                waiting.done()
             exposure.after_mpi()
             if comm.size > 1:
                 comm.shared_split()

@@ -62,6 +62,7 @@ def where() -> str:
 def abort(comm, code: int, text: str):
     """Print ``text`` on stderr, mark this rank failed and end every rank of the job."""
     print(text, file=sys.stderr, flush=True)
+    status.set_reason(text)  # (the launcher's restart log names it)
     watchdog.note_exit(code or 1)
     comm.abort(code or 1)  # (which marks the launcher's record failed)
 
@@ -71,8 +72,9 @@ def uncaught(comm, kind, value, tb) -> int:
     rank raised alike (``consistent``) — print it, wait until every rank has come this far (at
     most 5 s, else abort) and return the exit code 1."""
     if getattr(value, "consistent", False):
-        print(with_rank(comm.rank, "".join(traceback.format_exception(
-            kind, value, user_traceback(tb)))), end="", file=sys.stderr, flush=True)
+        text = "".join(traceback.format_exception(kind, value, user_traceback(tb)))
+        print(with_rank(comm.rank, text), end="", file=sys.stderr, flush=True)
+        status.set_reason(text)
         status.set_state(status.FAILED, 1)
         watchdog.note_exit(1)
         if comm.meet(5.0):  # no rank exits (and has mpiexec end the rest) before all have said it

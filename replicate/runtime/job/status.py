@@ -29,10 +29,11 @@ SOCKET = "ranks.sock"  # the launcher's: each rank connects, the kernel closes i
 STARTED, RUNNING, DONE, FAILED = 1, 2, 3, 4
 STATE_NAMES = {STARTED: "started", RUNNING: "running", DONE: "done", FAILED: "failed"}
 NO_STEP = -1
-_FORMAT = "<4siiiq64s"  # magic, pid, state, exit code, step, host
+_FORMAT = "<4siiiq64s200s"  # magic, pid, state, exit code, step, host, why (a failure's line)
 _MAGIC = b"RPST"
 SIZE = struct.calcsize(_FORMAT)
 _STEP_OFFSET = struct.calcsize("<4siii")
+_WHY_OFFSET, _WHY_SIZE = struct.calcsize("<4siiiq64s"), 200
 
 
 class Record:
@@ -48,7 +49,14 @@ class Record:
         self.pid = os.getpid()
         self.state, self.code = STARTED, 0
         host = socket.gethostname().encode()[:64]
-        struct.pack_into(_FORMAT, self._map, 0, _MAGIC, self.pid, STARTED, 0, NO_STEP, host)
+        struct.pack_into(_FORMAT, self._map, 0, _MAGIC, self.pid, STARTED, 0, NO_STEP, host, b"")
+
+    def set_reason(self, text: str) -> None:
+        """Why this rank failed, in one line (a traceback's last: the exception); the first
+        reason stands."""
+        if self._map[_WHY_OFFSET] == 0:
+            line = text.encode(errors="replace")[:_WHY_SIZE - 1]
+            self._map[_WHY_OFFSET:_WHY_OFFSET + len(line)] = line
 
     def set_step(self, step) -> None:
         struct.pack_into("<q", self._map, _STEP_OFFSET, NO_STEP if step is None else int(step))
@@ -125,8 +133,21 @@ def set_state(state: int, code: int = 0) -> None:
         _RECORD.set_state(state, code)
 
 
+def set_reason(text: str) -> None:
+    """Record why this rank fails: the last non-empty line of ``text`` (a report or traceback,
+    its ``[rank R]`` prefix dropped), for the launcher's restart log."""
+    if _RECORD is None or os.getpid() != _RECORD.pid:
+        return
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if lines:
+        last = lines[-1]
+        if last.startswith("[rank ") and "] " in last:
+            last = last.split("] ", 1)[1]
+        _RECORD.set_reason(last.strip())
+
+
 def read(folder: str) -> dict[int, dict]:
-    """{rank: {"pid", "state", "code", "step", "host"}} of every record in ``folder``."""
+    """{rank: {"pid", "state", "code", "step", "host", "why"}} of every record in ``folder``."""
     found = {}
     for name in os.listdir(folder):
         if not name.startswith("rank-") or not name[5:].isdigit():
@@ -141,14 +162,15 @@ def read(folder: str) -> dict[int, dict]:
             continue
         if len(raw) != SIZE:
             continue
-        magic, pid, state, code, step, host = struct.unpack(_FORMAT, raw)
+        magic, pid, state, code, step, host, why = struct.unpack(_FORMAT, raw)
         if magic != _MAGIC:
             continue
         found[int(name[5:])] = {"pid": pid, "state": state, "code": code,
                                 "step": None if step == NO_STEP else step,
-                                "host": host.rstrip(b"\0").decode(errors="replace")}
+                                "host": host.rstrip(b"\0").decode(errors="replace"),
+                                "why": why.split(b"\0", 1)[0].decode(errors="replace")}
     return found
 
 
 __all__ = ["ENV", "STARTED", "RUNNING", "DONE", "FAILED", "open_record", "own_folder", "read",
-           "set_step", "set_state"]
+           "set_reason", "set_step", "set_state"]

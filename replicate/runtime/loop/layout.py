@@ -35,6 +35,29 @@ def _count(value, name: str) -> int:
     return int(value)
 
 
+def per_rank(num_replicas, replicas_per_rank, num_ranks: int, logical_devices=1) -> int:
+    """The replicas each process runs: ``replicas_per_rank`` (default 1), or the global
+    ``num_replicas`` R spread over the processes there are — R/n each (n/m replica groups with
+    logical devices). A job given R runs the same computation on any process count that divides
+    it (the same replicas, each with its own data and randomness): a restart on fewer or more
+    processes continues it."""
+    if num_replicas is None:
+        return 1 if replicas_per_rank is None else replicas_per_rank
+    r = _count(num_replicas, "num_replicas")
+    groups = num_ranks // _count(logical_devices, "logical_devices")
+    if groups < 1 or r % groups:
+        fits = [n for n in range(1, r + 1) if r % n == 0]
+        raise ReplicateError(
+            f"num_replicas={r} cannot be spread evenly over {groups} replica group(s) of this "
+            f"job's {num_ranks} process(es): launch a number of processes (x logical_devices) "
+            f"that divides it: {fits}")
+    if replicas_per_rank is not None and replicas_per_rank != r // groups:
+        raise ReplicateError(
+            f"num_replicas={r} over {groups} replica group(s) is {r // groups} per process, but "
+            f"replicas_per_rank={replicas_per_rank!r}: give one of the two")
+    return r // groups
+
+
 class Layout:
     """This process's place: ``device`` of ``m``, replica ``group`` of ``groups``, its contexts
     and communicators, and how its step is compiled."""
@@ -110,4 +133,4 @@ class Layout:
                             input_fn=input_fn)
 
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "per_rank"]

@@ -38,12 +38,14 @@ from ..job import hooks, watchdog
 from ..variables.checkpoint import restore as restore_checkpoint
 from . import evaluation, updates
 from .callbacks import MetricsLog, Progress
-from .layout import Layout
+from .inspection import Inspection
+from .layout import Layout, per_rank
 from .outputs import Deferred, Gathering, reduce_outputs
 
 
-class Replicator:
-    """Run ``step_fn`` on ``replicas_per_rank`` replicas in each of the MPI processes.
+class Replicator(Inspection):
+    """Run ``step_fn`` on ``replicas_per_rank`` replicas in each of the MPI processes (or on
+    ``num_replicas`` in all: the same job on any process count that divides it, ``layout.py``).
 
     ``input_fn(ctx)`` is called once per replica with its :class:`ReplicaContext` and yields that
     replica's batches. ``step_fn(batch)`` is one training step of one replica; inside it
@@ -84,10 +86,14 @@ class Replicator:
     evaluate = evaluation.evaluate  # (a data set's totals, every example once: evaluation.py)
 
     def __init__(self, input_fn, step_fn, *, mode: str = "graph", backend: str = "numpy",
-                 replicas_per_rank: int = 1, outputs: str = "mean", options=None, comm=None,
+                 replicas_per_rank: int | None = None, num_replicas: int | None = None,
+                 outputs: str = "mean", options=None, comm=None,
                  check_finite: bool = False, check_sync: bool | int = True,
                  collective_timeout: float | None = None, prefetch: int = 2,
                  logical_devices: int = 1, micro_batches: int = 1):
+        self.comm = comm or world()
+        replicas_per_rank = per_rank(num_replicas, replicas_per_rank, self.comm.size,
+                                     logical_devices)  # (R fixed: elastic, ``layout.py``)
         check_arguments(input_fn, step_fn, replicas_per_rank, outputs, check_finite, check_sync)
         if collective_timeout is not None:
             collective_timeout = watchdog.parse_timeout(collective_timeout, "collective_timeout")
@@ -102,7 +108,6 @@ class Replicator:
         self.check_sync = (bool(check_sync) if isinstance(check_sync, (bool, np.bool_))
                            else int(check_sync))
         self._check_batches = BatchChecker(input_fn)
-        self.comm = comm or world()
         self.collective_timeout = collective_timeout  # (None: the process's current one)
         self.rank, self.num_ranks = self.comm.rank, self.comm.size
         self.layout = Layout(self.comm, self.k, logical_devices, micro_batches, self.mode)
@@ -203,15 +208,18 @@ class Replicator:
         start, which every rank exchanges anyway."""
         self._stop = True
 
-    def restore(self, path: str, state) -> int:
+    def restore(self, path: str, state, missing_ok: bool = False) -> int:
         """Load a checkpoint into ``state`` (a nest of Variables) on every rank and continue
         from its step: the input functions restart with ``ctx.start_step`` set to it (which
         ``rp.shard_batches`` honours). Call before ``run``; returns the step.
 
         ``path`` may be a ``{step}`` pattern (as given to ``rp.callbacks.Checkpoint``): the
         newest intact checkpoint is used, and each newer corrupt one is skipped with a
-        warning."""
-        info = restore_checkpoint(path, state, comm=self.comm)
+        warning. ``missing_ok``: if no file matches yet (a job's first attempt under ``python
+        -m replicate.launch --max-restarts``), nothing is loaded and the step stays."""
+        info = restore_checkpoint(path, state, comm=self.comm, missing_ok=missing_ok)
+        if info is None:
+            return self.step
         self.step = int(info["step"])
         self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
         self.restart_input()
@@ -385,16 +393,3 @@ class Replicator:
     def _describe_batches(self, batches, compiled_at):
         return describe_batches(batches, compiled_at == self.step + 1, compiled_at,
                                 self.input_fn)
-
-    def compiled_graph(self):
-        """The most recently compiled step graph (for inspection and printing)."""
-        return self._last_compiled().graph
-
-    def executable(self):
-        """The last compiled step as the backend runs it (``.graph``, ``.kernels``)."""
-        return self._last_compiled().executable
-
-    def _last_compiled(self):
-        if not self.cache:
-            raise ReplicateError("nothing compiled yet: run at least one step in graph mode")
-        return self.cache.values()[-1]

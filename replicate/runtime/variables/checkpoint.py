@@ -284,12 +284,13 @@ def load_latest(pattern: str, names=None) -> tuple[dict, dict, str, list[str]]:
     raise CheckpointError(f"no intact checkpoint matches {pattern!r}:\n  " + "\n  ".join(skipped))
 
 
-def restore(path: str, state, comm=None) -> dict:
+def restore(path: str, state, comm=None, missing_ok: bool = False) -> dict | None:
     """Load ``path`` into the Variables of ``state`` on every rank; return its info dict (with
     ``"path"``: the file used).
 
     ``path`` may be a pattern with ``{step}``: the newest intact file is used, with a warning for
-    each newer one that is truncated or corrupt."""
+    each newer one that is truncated or corrupt. ``missing_ok``: a pattern that no file matches
+    yet returns None and leaves ``state`` as it is (files that all fail to load still raise)."""
     comm = comm or world()
     if comm.size > 1:
         _agree(comm, RESTORE, f"checkpoint restore({path!r})")
@@ -297,7 +298,9 @@ def restore(path: str, state, comm=None) -> dict:
     if comm.rank == 0:
         try:
             names = list(named_variables(state))
-            if "{" in path:
+            if "{" in path and missing_ok and not step_files(path):
+                payload = None
+            elif "{" in path:
                 payload = load_latest(path, names)
             else:
                 payload = (*load(path, names), path, [])
@@ -305,6 +308,8 @@ def restore(path: str, state, comm=None) -> dict:
             payload = e if isinstance(e, ReplicateError) else CheckpointError(
                 f"cannot read checkpoint {path!r}: {e}")
     payload = comm.bcast_obj(payload, 0)
+    if payload is None:
+        return None
     if isinstance(payload, Exception):
         payload.consistent = True  # every rank raises it
         raise payload

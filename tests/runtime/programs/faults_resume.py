@@ -3,7 +3,13 @@ tests/runtime/test_faults_mpi.py (kill -9 mid-training, restart, compare bitwise
 uninterrupted run) and tests/runtime/test_faults.py (one process).
 
     mpiexec -n 2 python tests/runtime/programs/faults_resume.py OUT --steps N [--ckpt PATTERN]
-        [--resume] [--sleep S] [--mode graph|eager] [--k K]
+        [--resume] [--sleep S] [--mode graph|eager] [--k K | --num-replicas R]
+        [--auto] [--kill-at S --victim R] [--raise-at S]
+
+``--auto``: resume from the newest checkpoint if there is one (a job restarted by
+``replicate.launch --max-restarts``); ``--kill-at S``: on the first attempt (``REPLICATE_RESTART``
+0) rank ``--victim`` kills itself with SIGKILL after step S; ``--raise-at S``: rank ``--victim``
+raises at step S on every attempt (a bug, not a fault). Used by tests/runtime/test_restart.py.
 
 Rank 0 writes OUT, rank r > 0 writes OUT.rank<r>.npz: every variable, the step and the losses.
 Each rank prints ``rank R pid P`` once and ``rank R step S`` after every step.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import numpy as np
@@ -20,7 +27,7 @@ import numpy as np
 import replicate as rp
 
 
-def make(mode="graph", k=1):
+def make(mode="graph", k=1, num_replicas=None):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(256, 6))
     Y = (X[:, :3].sum(1) > 0).astype(np.int64)
@@ -38,7 +45,8 @@ def make(mode="graph", k=1):
         opt.apply(rp.grad(loss, model.parameters()))
         return {"loss": loss}
 
-    rep = rp.Replicator(input_fn, step_fn, mode=mode, replicas_per_rank=k)
+    rep = rp.Replicator(input_fn, step_fn, mode=mode, **(
+        {"num_replicas": num_replicas} if num_replicas else {"replicas_per_rank": k}))
     state = {"model": model.variables(), "opt": opt.variables()}
     return rep, state
 
@@ -54,17 +62,27 @@ def main(argv=None):
     ap.add_argument("--mode", default="graph")
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--token", default="", help="a marker for finding orphans")
+    ap.add_argument("--num-replicas", type=int, default=None)
+    ap.add_argument("--auto", action="store_true")
+    ap.add_argument("--kill-at", type=int, default=None)
+    ap.add_argument("--raise-at", type=int, default=None)
+    ap.add_argument("--victim", type=int, default=1)
     a = ap.parse_args(argv)
-    rep, state = make(a.mode, a.k)
-    print(f"rank {rep.rank} pid {os.getpid()}", flush=True)
-    if a.resume:
-        rep.restore(a.ckpt, state)
+    rep, state = make(a.mode, a.k, a.num_replicas)
+    attempt = os.environ.get("REPLICATE_RESTART", "")
+    print(f"rank {rep.rank} pid {os.getpid()} attempt {attempt}", flush=True)
+    if a.resume or a.auto:
+        rep.restore(a.ckpt, state, missing_ok=a.auto)
         print(f"rank {rep.rank} resumed at step {rep.step}", flush=True)
 
     def progress(r, step, outputs):
         print(f"rank {r.rank} step {step}", flush=True)
         if a.sleep:
             time.sleep(a.sleep)
+        if r.rank == a.victim and step == a.kill_at and attempt in ("", "0"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if r.rank == a.victim and step == a.raise_at:
+            raise ValueError(f"boom at step {step}")
 
     callbacks = [progress]
     if a.ckpt:
