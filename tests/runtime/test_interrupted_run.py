@@ -34,6 +34,8 @@ def test_an_interrupted_run_leaves_no_process_of_its_jobs(signum, workers, tmp_p
     session = f"inner{uuid.uuid4().hex[:12]}"
     (tmp_path / "test_inner.py").write_text(INNER.format(token=token))
     env = child_env(TMPDIR=str(tmp_path))  # the inner run's core locks are its own
+    for name in [n for n in env if n.startswith("PYTEST_")]:  # not this run's xdist worker
+        del env[name]
     env[job_cleanup.SESSION_VAR] = session
     cmd = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
            "--rootdir", str(tmp_path), "test_inner.py", *(["-n", str(workers)] if workers else [])]
