@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -54,6 +53,7 @@ from replicate.launch import gpu_environment  # noqa: E402
 
 gpu_environment(os.environ)
 import cupy_standin  # noqa: E402
+import job_cleanup  # noqa: E402  (no process of a test outlives the run: tests/job_cleanup.py)
 
 CUPY_STANDIN = cupy_standin.install()
 
@@ -65,6 +65,14 @@ def column(backend: str) -> str:
     reference with itself: the generated CUDA expressions are checked by ``test_cuda_host.py``
     (compiled with g++) and ``test_cupy_kernels.py`` (NVRTC), their numbers on a GPU only."""
     return "cupy-standin" if backend == "cupy" and cupy_standin.ACTIVE else backend
+
+
+def pytest_configure(config):
+    job_cleanup.install()
+
+
+def pytest_unconfigure(config):
+    job_cleanup.end_of_run()
 
 
 def pytest_report_header(config):
@@ -90,9 +98,12 @@ needs_mpi = [pytest.mark.mpi,
 def child_env(blas_threads: int | None = 1, **extra) -> dict:
     """The environment of a child process: the checkout and ``tests/`` importable (a test module
     run as a program imports ``harness`` and this ``conftest``), ``blas_threads`` BLAS threads
-    (None: leave it to the launcher), unbuffered output, no debug printing; plus ``extra``."""
+    (None: leave it to the launcher), unbuffered output, no debug printing, this worker's
+    ``job_cleanup`` tag; plus ``extra``."""
     path = [HERE, ROOT, os.environ.get("PYTHONPATH", "")]  # HERE first: ROOT has a conftest too
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1")
+    env.pop(job_cleanup.SESSION_VAR, None)  # a pytest run by a test has a session of its own
+    env[job_cleanup.VAR] = job_cleanup.worker_tag() + "child"
     if blas_threads is not None:
         env.update(OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads))
     env.pop("REPLICATE_DEBUG", None)
@@ -166,21 +177,26 @@ def exclusive():
 
 
 def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False):
-    """Run ``cmd`` in its own session with a hard timeout: on a hang the whole process group
-    (mpiexec and every rank it started) is killed and the test fails. Returns a
+    """Run ``cmd`` in its own session with a hard timeout: on a hang the job (mpiexec and every
+    rank it started) is killed and the test fails; so is it when the test is interrupted
+    (``job_cleanup``: the ranks are found by their environment's tag). Returns a
     ``CompletedProcess`` with ``.seconds`` (wall time) added; ``check``: also fail on a nonzero
     exit."""
+    env = dict(env or child_env())
+    tag = env[job_cleanup.VAR] = job_cleanup.new_job_tag()
     with exclusive():
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            job_cleanup.kill_job(proc, tag)
             out, err = proc.communicate()
             pytest.fail(f"hang: {' '.join(map(str, cmd))} did not finish in {timeout} s\n"
                         f"--- stdout\n{out}\n--- stderr\n{err}")
+        finally:
+            job_cleanup.kill_job(proc, tag)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     result.seconds = time.monotonic() - t0
     if check:

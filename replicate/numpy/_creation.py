@@ -50,12 +50,16 @@ def full(shape, fill_value, dtype=None, *, device=None):
 
 
 def zeros_like(x, dtype=None, *, device=None):
+    """Zeros of ``x``'s shape and dtype, or ``dtype`` (``np.zeros_like``); ``device``: None or
+    ``"cpu"``, the one device an Array reports (anything else is a ``PlacementError``)."""
     check_device(device, "zeros_like")
     x = as_array(x)
     return zeros(x.shape, dtype or x.dtype)
 
 
 def ones_like(x, dtype=None, *, device=None):
+    """Ones of ``x``'s shape and dtype, or ``dtype`` (``np.ones_like``); ``device`` as
+    ``zeros_like``'s."""
     check_device(device, "ones_like")
     x = as_array(x)
     return ones(x.shape, dtype or x.dtype)

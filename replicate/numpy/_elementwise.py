@@ -10,7 +10,7 @@ from ..graph.core import bind
 from ._base import as_array, cast, float_ufunc_operands, promote, ufunc_float_operand
 
 
-def _unary(prim, floating):
+def _unary(prim, floating, doc=None):
     """The wrapper of unary primitive ``prim``; ``floating``: a bool or integer operand is cast
     to the float type NumPy's float ufuncs give it (float16 for bools and 8-bit integers,
     float64 for 32- and 64-bit integers)."""
@@ -18,32 +18,34 @@ def _unary(prim, floating):
         x = ufunc_float_operand(x) if floating else as_array(x)
         return bind(prim, x)
 
-    op.__name__ = prim
+    op.__name__, op.__doc__ = prim, doc
     return op
 
 
-def _binary(prim, floating=False):
+def _binary(prim, floating=False, doc=None):
+    """The wrapper of binary primitive ``prim``: NumPy's broadcasting and promotion."""
     def op(a, b):
         a, b = promote(a, b, floating=floating)
         return bind(prim, a, b)
 
-    op.__name__ = prim
+    op.__name__, op.__doc__ = prim, doc
     return op
 
 
-negative = _unary("neg", False)
-abs = _unary("abs", False)  # noqa: A001 - mirrors numpy's name
-sign = _unary("sign", False)
-exp = _unary("exp", True)
-log = _unary("log", True)
-log1p = _unary("log1p", True)
-expm1 = _unary("expm1", True)
-sqrt = _unary("sqrt", True)
-rsqrt = _unary("rsqrt", True)
-tanh = _unary("tanh", True)
-sigmoid = _unary("logistic", True)
-sin = _unary("sin", True)
-cos = _unary("cos", True)
+# (The float functions take bools and integers in NumPy's float type for them: module docstring.)
+negative = _unary("neg", False, "``-x`` (``np.negative``); bools are refused, as by NumPy.")
+abs = _unary("abs", False, "``|x|`` (``np.abs``); the most negative integer stays negative.")  # noqa: A001
+sign = _unary("sign", False, "-1, 0 or 1 by the sign of x (``np.sign``); NaN at NaN; no bools.")
+exp = _unary("exp", True, "``e ** x``, elementwise (``np.exp``).")
+log = _unary("log", True, "The natural logarithm (``np.log``): -inf at 0, NaN below 0.")
+log1p = _unary("log1p", True, "``log(1 + x)``, accurate for tiny x (``np.log1p``).")
+expm1 = _unary("expm1", True, "``exp(x) - 1``, accurate for tiny x (``np.expm1``).")
+sqrt = _unary("sqrt", True, "The square root (``np.sqrt``): NaN below 0.")
+rsqrt = _unary("rsqrt", True, "``1 / sqrt(x)`` as one op (JAX's ``lax.rsqrt``; not in NumPy).")
+tanh = _unary("tanh", True, "The hyperbolic tangent (``np.tanh``).")
+sigmoid = _unary("logistic", True, "The logistic ``1 / (1 + exp(-x))`` (SciPy's ``expit``).")
+sin = _unary("sin", True, "The sine of x radians (``np.sin``).")
+cos = _unary("cos", True, "The cosine of x radians (``np.cos``).")
 erf = _unary("erf", True)
 erf.__doc__ = """The error function, elementwise (a primitive: NumPy has none, so the reference is
 fdlibm's algorithm, ``replicate/graph/special.py``; JAX ``lax.erf``; CUDA ``erf``).
@@ -179,20 +181,23 @@ def _logical(prim):
     return op
 
 
-add = _binary("add")
-subtract = _binary("sub")
-multiply = _binary("mul")
-maximum = _binary("maximum")
-minimum = _binary("minimum")
-equal = _binary("eq")
-not_equal = _binary("ne")
-less = _binary("lt")
-less_equal = _binary("le")
-greater = _binary("gt")
-greater_equal = _binary("ge")
+# Broadcast and promoted as NumPy 2 (Python scalars weak); integers wrap on overflow.
+add = _binary("add", doc="``a + b`` (``np.add``); of bools, logical or.")
+subtract = _binary("sub", doc="``a - b`` (``np.subtract``); bools are refused, as by NumPy.")
+multiply = _binary("mul", doc="``a * b`` (``np.multiply``); of bools, logical and.")
+maximum = _binary("maximum", doc="The larger of a and b (``np.maximum``): NaN if either is.")
+minimum = _binary("minimum", doc="The smaller of a and b (``np.minimum``): NaN if either is.")
+equal = _binary("eq", doc="``a == b``, bools (``np.equal``): NaN equals nothing.")
+not_equal = _binary("ne", doc="``a != b``, bools (``np.not_equal``): True where either is NaN.")
+less = _binary("lt", doc="``a < b``, bools (``np.less``): False where either is NaN.")
+less_equal = _binary("le", doc="``a <= b``, bools (``np.less_equal``): False at NaN.")
+greater = _binary("gt", doc="``a > b``, bools (``np.greater``): False where either is NaN.")
+greater_equal = _binary("ge", doc="``a >= b``, bools (``np.greater_equal``): False at NaN.")
 logical_and = _logical("logical_and")
 logical_or = _logical("logical_or")
-true_divide = divide = _binary("div", floating=True)
+true_divide = divide = _binary("div", True, """``a / b`` (``np.divide``, ``np.true_divide``):
+always a float: bools and integers of any width give float64, as NumPy's; ``x / 0`` is ±inf,
+``0 / 0`` NaN.""")
 
 
 def power(a, b):

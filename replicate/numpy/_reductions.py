@@ -105,10 +105,19 @@ def cumprod(x, axis=None, dtype=None):
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001
+    """The largest element over ``axis`` (an int, a tuple, or None: all) as ``np.max``: NaN
+    where any element is NaN. An empty axis is a ``ShapeError`` (NumPy: ``ValueError``).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.max(rnp.asarray([[1, 5], [7, 2]]), axis=0).tolist()
+    [7, 5]
+    """
     return _reduce("reduce_max", x, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False):  # noqa: A001
+    """The smallest element over ``axis`` (an int, a tuple, or None: all) as ``np.min``: NaN
+    where any element is NaN. An empty axis is a ``ShapeError`` (NumPy: ``ValueError``)."""
     return _reduce("reduce_min", x, axis, keepdims)
 
 
@@ -189,8 +198,19 @@ def _arg(prim, x, axis, keepdims):
 
 
 def argmax(x, axis=None, keepdims=False):
+    """The int64 index of the largest element along ``axis`` (None: of the flattened array), as
+    ``np.argmax``: the first of equal ones, the first NaN if there is one. An empty axis is a
+    ``ShapeError`` (NumPy: ``ValueError``).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.argmax(rnp.asarray([[1.0, 5.0], [7.0, 7.0]]), axis=1).tolist()
+    [1, 0]
+    """
     return _arg("argmax", x, axis, keepdims)
 
 
 def argmin(x, axis=None, keepdims=False):
+    """The int64 index of the smallest element along ``axis`` (None: of the flattened array),
+    as ``np.argmin``: the first of equal ones, the first NaN if there is one. An empty axis is a
+    ``ShapeError`` (NumPy: ``ValueError``)."""
     return _arg("argmin", x, axis, keepdims)

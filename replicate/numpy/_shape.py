@@ -86,10 +86,12 @@ def reshape(x, shape, *, copy=None):
 
 
 def ravel(x):
+    """The elements along one axis, in C order (``np.ravel``)."""
     return reshape(x, (-1,))
 
 
 def transpose(x, axes=None):
+    """The axes permuted by ``axes``, reversed when None (``np.transpose``)."""
     x = as_array(x)
     perm = tuple(reversed(range(x.ndim))) if axes is None else norm_perm(axes, x.ndim)
     if perm == tuple(range(x.ndim)):
@@ -113,6 +115,7 @@ def norm_perm(axes, ndim):
 
 
 def swapaxes(x, a, b):
+    """Axes ``a`` and ``b`` exchanged (``np.swapaxes``); an axis out of range is an error."""
     x = as_array(x)
     a, b = _axis(a, x.ndim, "swapaxes"), _axis(b, x.ndim, "swapaxes")
     perm = list(range(x.ndim))
@@ -138,6 +141,7 @@ def moveaxis(x, source, destination):
 
 
 def broadcast_to(x, shape):
+    """``x`` broadcast to ``shape`` by NumPy's rules (``np.broadcast_to``); its gradient sums."""
     x = as_array(x)
     shape = tuple(shape)
     if shape == x.shape:
@@ -146,6 +150,7 @@ def broadcast_to(x, shape):
 
 
 def expand_dims(x, axis):
+    """New axes of size 1 at ``axis`` (an int or a tuple), as ``np.expand_dims``."""
     x = as_array(x)
     axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
     ndim = x.ndim + len(axes)
@@ -159,6 +164,7 @@ def expand_dims(x, axis):
 
 
 def squeeze(x, axis=None):
+    """Axes of size 1 removed: all, or ``axis``, each of which must be 1 (``np.squeeze``)."""
     x = as_array(x)
     if axis is None:
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)

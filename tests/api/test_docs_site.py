@@ -6,6 +6,7 @@ the API reference has a docstring."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import html
 import html.parser
@@ -16,10 +17,13 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+
+ROOT_PATH = Path(ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "docs", "_site"))
 for _package in ("mkdocs", "material", "mkdocstrings_handlers.python", "markdown_it"):
@@ -28,14 +32,6 @@ for _package in ("mkdocs", "material", "mkdocstrings_handlers.python", "markdown
 import hooks  # noqa: E402  (docs/_site/hooks.py)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# Names without a docstring yet, left to their owners: the NumPy namespace's generated
-# elementwise, shape and reduction functions (replicate/numpy), and ml_dtypes' bfloat16 type.
-UNDOCUMENTED = {f"replicate.numpy.{n}" for n in (
-    "abs add argmax argmin broadcast_to cos divide equal exp expand_dims expm1 greater "
-    "greater_equal less less_equal log log1p max maximum min minimum multiply negative "
-    "not_equal ones_like ravel rsqrt sigmoid sign sin sqrt squeeze subtract swapaxes tanh "
-    "transpose true_divide zeros_like").split()} | {"replicate.bfloat16", "replicate.nn.sigmoid",
-                                                   "replicate.nn.tanh"}
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +83,16 @@ def test_the_site_builds_with_every_page(site):
                  "reference/replicate.html", "reference/replicate.nn.html",
                  "reference/replicate.numpy.html", "reference/replicate.optim.html"]:
         assert os.path.isfile(os.path.join(site, page)), page
-    # every README section is a page, and the reference shows every public name
-    sections = hooks.split_readme(open(os.path.join(ROOT, "README.md")).read())
-    assert len(sections) >= 10
-    for section in sections:
-        assert os.path.isfile(os.path.join(site, section["path"][:-3] + ".html")), section
+    # every page of docs/ is in the navigation (the strict build refuses one left out) and built
+    docs = {os.path.relpath(p, os.path.join(ROOT, "docs")) for p in glob.glob(
+        os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)}
+    assert len(docs) >= 20 and docs <= {path for _, path in hooks.pages()}
+    for _, path in hooks.pages():
+        assert os.path.isfile(os.path.join(site, path[:-3] + ".html")), path
+    # the home page is the README, its links pointed at the pages
+    with open(os.path.join(site, "index.html")) as f:
+        home = f.read()
+    assert 'href="guides/gpu.html"' in home and "pip install -e '.[test]' &amp;&amp; pytest" in home
     with open(os.path.join(site, "reference", "replicate.optim.html")) as f:
         text = f.read()
     for name in hooks.public_names("replicate.optim"):
@@ -135,15 +136,15 @@ def _chromium(url, *args, tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get "
                     "install chromium; .ci/run installs it where apt-get works)")
 def test_a_page_renders_in_headless_chromium(site, tmp_path):
-    # the first README section with a Python example
-    sections = hooks.split_readme(open(os.path.join(ROOT, "README.md")).read())
-    section = next(s for s in sections[1:] if "```python" in s["text"])
-    page = os.path.join(site, section["path"][:-3] + ".html")
+    # the first page with a Python example
+    title, path = next((t, p) for t, p in hooks.pages()[1:] if "```python" in
+                       (ROOT_PATH / hooks.Site().repo_file(p)).read_text())
+    page = os.path.join(site, path[:-3] + ".html")
     result = _chromium("file://" + page, "--dump-dom", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     dom = result.stdout
-    title = re.search(r"<title>(.*?)</title>", dom, re.S)
-    assert title and html.unescape(title.group(1)) == f"{section['title']} - replicate", title
+    shown = re.search(r"<title>(.*?)</title>", dom, re.S)
+    assert shown and html.unescape(shown.group(1)) == f"{title} - replicate", shown
     nav = re.search(r'<nav class="md-nav md-nav--primary".*?md-sidebar--secondary', dom, re.S)
     assert nav, "no navigation"
     for entry in ("Getting started", "Concepts", "Guides", "API reference", "replicate.optim"):
@@ -165,6 +166,6 @@ def test_every_public_name_has_a_docstring():
             if not (inspect.isclass(obj) or callable(obj)):
                 continue  # constants (pi, newaxis, NO_VALUE) are described where they are used
             doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else inspect.getdoc(obj)
-            if not doc and f"{module}.{name}" not in UNDOCUMENTED:  # (a class's own, not inherited)
+            if not doc:  # (a class's own docstring, not an inherited one)
                 missing.append(f"{module}.{name}")
     assert missing == [], "public names without a docstring: " + ", ".join(missing)

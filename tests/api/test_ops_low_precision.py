@@ -414,8 +414,8 @@ BACKENDS = ["numpy", "eager"] + (["jax"] if HAVE_JAX else [])
 
 # -- the checks ---------------------------------------------------------------------------------
 # float16 on the cupy backend: the GPU's float-to-half conversion (``cvt.rn.f16.f32``) makes
-# every NaN the canonical one, its sign bit clear (seen on an H200; documented in the README's
-# GPU section, modelled by the CuPy stand-in): the outputs that read a float16 NaN's sign bit
+# every NaN the canonical one, its sign bit clear (seen on an H200; in docs/guides/gpu.md,
+# modelled by the CuPy stand-in): the outputs that read a float16 NaN's sign bit
 HALF_NAN_SIGN = {("signbit+copysign", "signs", 1)}
 
 

@@ -102,7 +102,7 @@ def test_eager_updates_equal_the_compiled_ones_bitwise(name, dtype):
 
 
 def test_an_optimiser_of_ones_own_runs_in_both_modes_and_checkpoints(tmp_path):
-    class Lion(rp.optim.Optimizer):  # (Chen et al.; README "an optimiser of your own")
+    class Lion(rp.optim.Optimizer):  # (Chen et al.; docs/guides/toolkit.md)
         eager_numpy = True
 
         def __init__(self, params, lr=1e-4, b1=0.9, b2=0.99):

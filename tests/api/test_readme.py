@@ -1,8 +1,10 @@
-"""Every Python code block in the README runs, as a newcomer would paste it (a fresh interpreter,
-one process), and prints what the text around it says."""
+"""Every Python code block of the documentation — README.md and the pages in docs/ — runs, as a
+newcomer would paste it (a fresh interpreter, one process), and prints what the text around it
+says."""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import sys
@@ -12,29 +14,38 @@ import pytest
 
 from conftest import ROOT, child_env, report, run
 
-README = os.path.join(ROOT, "README.md")
+FILES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(
+    os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))]
 
 
-def python_blocks():
-    with open(README) as f:
+def python_blocks(path):
+    with open(os.path.join(ROOT, path)) as f:
         text = f.read()
     found = re.findall(r"^( *)```python\n(.*?)^\1```", text, flags=re.M | re.S)
     return [textwrap.dedent(body) for _, body in found]
 
 
-BLOCKS = python_blocks()
+BLOCKS = [(path, i, block) for path in FILES for i, block in enumerate(python_blocks(path))]
+CLAIMS = {  # a line of a block -> what its output must hold
+    "rp.cond((t // 4) * 4 == t": "[False, False, False, True, False, False, False, True]",
+    'print(rep.restore(pattern, state))': "30\nTrue\n",
+    "print(seen.numpy(), int(opt.optimizer.step.numpy()))": "[64 64] 2",
+}
 
 
-def test_the_readme_has_python_blocks():
-    assert len(BLOCKS) >= 4
+def test_the_documentation_has_python_blocks():
+    assert len(python_blocks("README.md")) >= 1  # the first example, on the front page
+    assert len(BLOCKS) >= 15
+    for line in CLAIMS:
+        assert sum(line in block for _, _, block in BLOCKS) == 1, line
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index, tmp_path):
-    path = tmp_path / f"block{index}.py"
-    path.write_text(BLOCKS[index])
-    result = run([sys.executable, str(path)], cwd=str(tmp_path), timeout=120, env=child_env())
-    assert result.returncode == 0, report(result)
-    if "rp.cond((t // 4) * 4 == t" in BLOCKS[index]:  # the accumulation example's claim
-        assert "[False, False, False, True, False, False, False, True]" in result.stdout, \
-            report(result)
+@pytest.mark.parametrize("path,index,block", BLOCKS, ids=[f"{p}:{i}" for p, i, _ in BLOCKS])
+def test_documentation_block_runs(path, index, block, tmp_path):
+    script = tmp_path / f"block{index}.py"
+    script.write_text(block)
+    result = run([sys.executable, str(script)], cwd=str(tmp_path), timeout=120, env=child_env())
+    assert result.returncode == 0, f"{path}, Python block {index}:\n{report(result)}"
+    for line, claim in CLAIMS.items():
+        if line in block:
+            assert claim in result.stdout, f"{path}, Python block {index}:\n{report(result)}"

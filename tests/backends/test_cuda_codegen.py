@@ -3,7 +3,7 @@
 The generated pieces are checked structurally, and — where a CUDA toolkit is installed — compiled
 with ``nvcc`` for real (``standalone_source`` wraps each kernel in a complete translation unit).
 Running them needs CuPy and an NVIDIA GPU: those tests skip cleanly here and run on a GPU machine
-(see README, "Backends").
+(see docs/concepts/compiler.md, "Backends").
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ def test_an_integer_to_a_negative_integer_power_raises_as_in_numpy():
 
 
 def test_float32_denormals_are_flushed_to_zero_in_generated_kernels():
-    """The one GPU difference kept (README, GPU): CuPy compiles every kernel with flush-to-zero,
+    """The GPU difference kept (guides/gpu.md): CuPy compiles every kernel with flush-to-zero,
     so a float32 denormal read or made by a fused group is 0, sign kept; float64 keeps them.
     The stand-in flushes as the GPU does, so a test that relies on float32 denormals fails
     here too."""

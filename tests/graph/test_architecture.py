@@ -121,7 +121,7 @@ def test_validation_runs_after_the_collective_rewrite(monkeypatch):
 
 def test_the_suite_validates_every_pass():
     """``tests/conftest.py`` turns the validator on for every test and every process a test
-    starts (README, ``docs/ARCHITECTURE.md``): a pass that breaks a graph fails the test that
+    starts (``docs/ARCHITECTURE.md``): a pass that breaks a graph fails the test that
     compiled it, not a later step that runs it, if any does."""
     from conftest import child_env
 

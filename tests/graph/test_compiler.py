@@ -104,7 +104,7 @@ def test_matmul_and_random_are_fusion_boundaries():
 
 
 def test_mlp_training_step_kernel_count():
-    """The documented figure (README, "Compiler"): a 3-layer MLP SGD step is 41 kernels."""
+    """The documented figure (docs/concepts/compiler.md): a 3-layer MLP SGD step is 41 kernels."""
     model = _mlp()
     f = rp.function(_mlp_step(model, rp.optim.SGD(model.parameters(), lr=0.1)))
     x, y = np.ones((8, 6)), np.zeros(8, np.int64)

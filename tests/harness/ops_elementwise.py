@@ -88,7 +88,7 @@ case("floor_divide", lambda a, b: a // b, lambda a, b: a // b, In((2, 3), F64, "
 
 # integer edges, every pair of (0, +-1, 7, -7, MIN, MAX) (a (7, 1) by a (1, 7) grid): NumPy
 # gives 0 for x // 0 and x % 0 (with a warning) and wraps MIN // -1, -MIN and abs(MIN); XLA's
-# x // 0 is -1 (all ones unsigned), C leaves all of them undefined (README, "Integer edge cases")
+# x // 0 is -1 (all ones unsigned), C leaves all of them undefined (guides/gpu.md)
 I8, U8, U32 = "int8", "uint8", "uint32"
 for dt in (I8, I32, I64, U8, U32):
     grid = (In((7, 1), dt, "edges"), In((1, 7), dt, "edges"))

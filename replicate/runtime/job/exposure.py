@@ -17,7 +17,7 @@ bytes. So, around ``MPI_Init`` (``comm.world``):
   why.
 
 A job over several machines still needs network listeners between its ranks (restrict them with
-``UCX_NET_DEVICES``/``UCX_TLS``); see the README's *Failure behaviour*.
+``UCX_NET_DEVICES``/``UCX_TLS``); see docs/guides/failure-behaviour.md.
 """
 
 from __future__ import annotations

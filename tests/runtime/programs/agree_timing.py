@@ -1,4 +1,4 @@
-"""Time the per-step input exchange (for the README's figure; not a test):
+"""Time the per-step input exchange (figure in guides/failure-behaviour.md; not a test):
 ``mpiexec -n 2 python tests/runtime/programs/agree_timing.py [N] [STEPS]``.
 
 1. the exchange alone, interleaved: the former ``allgather(int64[1])`` of the input counts

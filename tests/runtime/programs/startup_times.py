@@ -1,5 +1,5 @@
 """How long each failure of tests/runtime/programs/startup_mpi.py takes to end the job: a table for
-the README (seconds from starting the command to its exit, with the exit code).
+docs/guides/failure-behaviour.md (seconds from the command's start to its exit, and exit code).
 
     python tests/runtime/programs/startup_times.py [--repeat 3]
 
