@@ -52,6 +52,7 @@ NAV = [  # (title, page under docs/, or a group: (title, [(title, page), ...]))
         ("Model parallelism", "guides/model-parallelism.md"),
         ("Actor-learner training", "guides/actor-learner.md"),
         ("Failure behaviour", "guides/failure-behaviour.md"),
+        ("Restarts, elastic jobs, silent hosts", "guides/restarts.md"),
         ("Performance", "guides/performance.md"),
         ("GPU", "guides/gpu.md"),
     ]),
