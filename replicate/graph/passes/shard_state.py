@@ -107,7 +107,8 @@ class _Sharder:
         """The new graph's whole value of old value ``x`` (all-gathered once if sliced)."""
         if x.id not in self.rb.subst:
             part, lay = self.sliced[x.id]
-            gathered = rnp.reshape(self.exchange("mpi_allgather", part), (self.n * lay.chunk,))
+            gathered = rnp.reshape(self.exchange("mpi_allgather", part, shard=True),
+                                   (self.n * lay.chunk,))
             if lay.n * lay.chunk != lay.size:
                 gathered = gathered[:lay.size]
             self.rb.subst[x.id] = rnp.reshape(gathered, lay.shape)
@@ -185,7 +186,9 @@ class _Sharder:
             mask = rnp.asarray(np.arange(lay.chunk) < lay.valid)
             part = rnp.where(mask, part, rnp.asarray(_identity(op, part.dtype)))
         local = bind(node.prim, part, **dict(node.attrs, axes=(0,)))
-        self.rb.subst[node.out.id] = self.exchange("mpi_allreduce", local, op=op)
+        # (``exact``: bucketing never compresses it — a norm's partial sums in float16 could
+        # overflow, and the unsharded step computes the norm from the whole gradient)
+        self.rb.subst[node.out.id] = self.exchange("mpi_allreduce", local, op=op, exact=True)
 
     def run(self, layouts: dict) -> Graph:
         rb, graph = self.rb, self.graph

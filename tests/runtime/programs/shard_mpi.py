@@ -22,6 +22,7 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
+from replicate.runtime.communication import transport
 from replicate.runtime.communication.comm import world
 from replicate.runtime.variables import checkpoint
 
@@ -55,7 +56,31 @@ CONFIGS = {
     "bf16-autocast-master": dict(opt="adamw", dtype="bfloat16", autocast=True),
     "bf16-autocast-master-clip-k2": dict(opt="adamw", k=2, dtype="bfloat16", autocast=True,
                                          wrap=dict(max_grad_norm=0.05)),
+    # bucketing (above: the default 25 MB buckets, overlapped — every gradient in one
+    # reduce-scatter, every parameter in one all-gather): one exchange per tensor, buckets of
+    # about two tensors, blocking, and buckets travelling in bfloat16
+    "adamw-clip-k2-unbucketed": dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.05),
+                                     options=dict(bucket_bytes=0)),
+    "adamw-small-buckets": dict(opt="adamw", options=dict(bucket_bytes=300)),
+    "adamw-clip-small-buckets-blocking": dict(opt="adamw", wrap=dict(max_grad_norm=0.05),
+                                              options=dict(bucket_bytes=300, overlap=False)),
+    "adamw-compressed": dict(opt="adamw", k=2, options=dict(compress="bfloat16")),
+    # the JAX backend (the same rewrite lowered to XLA, which fuses the update differently)
+    "jax-adamw-clip-k2": dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.05), backend="jax"),
+    "jax-bf16-autocast-master": dict(opt="adamw", dtype="bfloat16", autocast=True,
+                                     backend="jax"),
 }
+EXCHANGES = {"reduce_scatter": 0}  # this process's reduce-scatters (counted: bucketing)
+
+
+def _counted(fn):
+    def reduce_scatter(*args):
+        EXCHANGES["reduce_scatter"] += 1
+        return fn(*args)
+    return reduce_scatter
+
+
+transport.reduce_scatter = _counted(transport.reduce_scatter)
 
 
 def make_optimizer(cfg, params, shard):
@@ -86,7 +111,8 @@ def train(cfg, shard, steps=6, callbacks=None, start=None):
         return {"loss": loss}
 
     rep = rp.Replicator(input_fn, step_fn, replicas_per_rank=cfg.get("k", 1),
-                        check_finite=cfg.get("check_finite", False))
+                        check_finite=cfg.get("check_finite", False),
+                        options=cfg.get("options"), backend=cfg.get("backend", "numpy"))
     rep.run(steps=steps, callbacks=callbacks(params, opt) if callbacks else ())
     return params, opt
 
@@ -113,7 +139,9 @@ def oracle(out):
     for name, cfg in CONFIGS.items():
         plain_params, plain_opt = train(cfg, False)
         plain = whole_state(plain_params, plain_opt)
+        EXCHANGES["reduce_scatter"] = 0
         params, opt = train(cfg, True)
+        reduce_scatters = EXCHANGES["reduce_scatter"]
         sharded = whole_state(params, opt)
         held = {kind: int(sum(v.value.nbytes for k, v in opt.variables().items()
                               if k.startswith(("master/", "accumulated/")) == (kind != "state")
@@ -125,6 +153,7 @@ def oracle(out):
                          "moved": float(np.max(np.abs(plain["p/w1"] - make_params(
                              cfg.get("dtype", "float64"))["w1"].numpy().astype(np.float64)))),
                          "sharded_vars": len(opt.sharded()),
+                         "reduce_scatters": reduce_scatters,
                          "report": rp.memory_report(opt), "held": held,
                          "plain_report": rp.memory_report(plain_opt),
                          "state_bytes": state_bytes(opt),
