@@ -239,3 +239,20 @@ def test_every_process_plans_the_same_buckets(options):
     assert len({len(s.executable.graph.nodes) for s in steps}) > 1  # (the graphs differ)
     assert _exchanges(steps[1].executable.graph) == _exchanges(steps[0].executable.graph)
     assert steps[1].schedule == steps[0].schedule == steps[2].schedule
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_check_sync_checks_each_slice_where_it_lives(tmp_path):
+    """A slice no other process holds is checked on its own process (its layout, its zero
+    padding); the whole parameters are compared as without sharding. Each broken on purpose on
+    process 1 after the last step: ``run``'s final check raises on every process."""
+    out = tmp_path / "desync.json"
+    run([MPIEXEC, "-n", "2", sys.executable, "shard_mpi.py", "desync", str(out)], check=True)
+    caught = json.loads(out.read_text())["caught"]
+    assert caught["none"] is None
+    assert "rank 1's slice of the sharded variable 'b1.m'" in caught["padding"]
+    assert "nonzero padding" in caught["padding"]
+    assert "'s.v'" in caught["layout"]
+    assert "process 0's of 2, held by process 1 of 2" in caught["layout"]
+    assert "'w2'" in caught["parameter"] and "rank(s) [1] differ" in caught["parameter"]

@@ -20,6 +20,14 @@ buffer per step; with memory planning the bucket itself is reused every step). S
 reduced buffer replace the original results. Buckets start in the same order on every rank
 and the thread runs them in that order, so results are bitwise those of the unbucketed graph
 (without compression).
+
+A sharded step (``shard_state.py``) has two more kinds, packed the same way, each kind and dtype
+its own buckets: the gradients' ``mpi_reduce_scatter`` — the members' padded buffers side by side
+as rows of ``processes`` (each process's slices), so process r receives its slices of every
+member one after another — and the parameters' ``mpi_allgather`` of those slices. With
+``overlap`` they go to the communication thread as ``comm_start[collective=...]``; ``compress``
+casts the reduce-scatter (every element combined as the all-reduce combines it: bitwise the
+compressed unsharded step) but never a parameter or a norm's partial sums (``exact``).
 """
 
 from __future__ import annotations

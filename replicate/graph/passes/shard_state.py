@@ -26,10 +26,9 @@ array, and the reduce-scatter combines in the all-reduce's rank order, so the up
 bitwise those of the unsharded step except where a reduction is split (the global norm: its
 partial sums are added in another order).
 
-Stage 3 (parameters sharded between steps, gathered per layer before use) would add a read
-rule: a sharded parameter's read all-gathered where the forward and backward passes use it (and
-freed after), which needs a gather scheduled per layer (twice: forward and backward) and the
-memory plan to free it; it is not built.
+The gradients' reduce-scatters and the parameters' all-gathers (marked ``shard``) are packed
+into buckets by the bucketing pass, like all-reduces; a norm's partial sums are marked ``exact``
+(never compressed). Stage 3 is not built: ``replicate/sharding.py`` says what it would take.
 """
 
 from __future__ import annotations

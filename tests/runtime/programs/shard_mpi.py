@@ -3,6 +3,7 @@
     mpiexec -n N python shard_mpi.py oracle OUT.json     # every configuration, both ways
     mpiexec -n N python shard_mpi.py save DIR            # a sharded run's checkpoint
     mpiexec -n M python shard_mpi.py restore DIR OUT.json
+    mpiexec -n 2 python shard_mpi.py desync OUT.json       # check_sync: broken slices caught
 
 ``save`` also writes an asynchronous checkpoint (``Checkpoint(asynchronous=True)``: the
 sharded state gathered on the writer's thread) that must equal the synchronous one.
@@ -211,5 +212,37 @@ def restore(folder, out):
                        "background_equal": background_equal}, f)
 
 
+def desync(out):
+    """check_sync with sharded state: a slice broken on purpose on process 1 after the last
+    step (its padding, its layout, or a parameter's copy), caught at the end of ``run``."""
+    def broken(kind):
+        def callbacks(params, opt):
+            def brk(rep, step, outputs):
+                if step != 3 or world().rank != 1:
+                    return
+                if kind == "padding":  # (b1: 7 elements, process 1 holds 3 and 1 of padding)
+                    opt.m[0].value[-1] = 1.0
+                elif kind == "layout":  # process 0's slice, held by process 1
+                    var = opt.v[1]
+                    lay = type(var.shard)(var.shard.shape, var.shard.n, 0)
+                    var.value, var.shard = lay.part(np.ones(var.shape)), lay
+                elif kind == "parameter":
+                    params["w2"].assign(params["w2"].numpy() + 1e-9)
+            return [brk]
+        return callbacks
+
+    caught = {}
+    for kind in ("none", "padding", "layout", "parameter"):
+        try:
+            train(CK, True, steps=3, callbacks=broken(kind))
+            caught[kind] = None
+        except rp.DivergenceError as e:
+            caught[kind] = str(e)
+    if world().rank == 0:
+        with open(out, "w") as f:
+            json.dump({"size": world().size, "caught": caught}, f)
+
+
 if __name__ == "__main__":
-    {"oracle": oracle, "save": save, "restore": restore}[sys.argv[1]](*sys.argv[2:])
+    {"oracle": oracle, "save": save, "restore": restore, "desync": desync}[sys.argv[1]](
+        *sys.argv[2:])
