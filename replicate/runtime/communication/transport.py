@@ -76,9 +76,10 @@ class HostTransport:
         """A bucket's exchange on the communication thread (an all-reduce; a sharded step's
         reduce-scatter or all-gather): a handle for ``wait``."""
         if collective == "reduce_scatter":
-            return comm_thread(comm).submit(lambda c, x: reduce_scatter(c, x, op), x)
+            return comm_thread(comm).submit(lambda c, x: reduce_scatter(c, x, op), x,
+                                            kind="reduce_scatter")
         if collective == "allgather":
-            return comm_thread(comm).submit(lambda c, x: c.allgather(x), x)
+            return comm_thread(comm).submit(lambda c, x: c.allgather(x), x, kind="allgather")
         return start_allreduce(x, op, owned, comm)
 
     def wait(self, handle):
