@@ -161,9 +161,11 @@ def compile_step(fn, batches, contexts=None, *, backend, options=None, num_ranks
     graph = step_graph(fn, batches, contexts, num_ranks, rank, prefix, gathers_outputs,
                        processes, where, input_fn)
     executable = compile_graph(graph, backend, options)
+    # (the optimised graph's: bucketing adds a sharded step's buckets to it)
+    schedule = executable.graph.meta.collective_schedule
     if where is None or (where.m == 1 and where.micro == 1):
-        return CompiledStep(graph, executable, graph.meta.collective_schedule)
-    return MicroBatchedStep(graph, executable, graph.meta.collective_schedule, where.micro, where)
+        return CompiledStep(graph, executable, schedule)
+    return MicroBatchedStep(graph, executable, schedule, where.micro, where)
 
 
 def fingerprint(schedule) -> str:

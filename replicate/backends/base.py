@@ -53,7 +53,8 @@ class Transport(Protocol):
 
     def broadcast(self, x, root: int, comm=None): ...
 
-    def start(self, x, op: str, owned: bool = False, comm=None): ...  # a bucket's allreduce
+    # a bucket's exchange started (``collective``: allreduce, reduce_scatter or allgather)
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"): ...
 
     def wait(self, handle): ...  # the result of ``start``
 

@@ -101,9 +101,18 @@ declare("mpi_broadcast", COLLECTIVE, _same, **_EXCHANGE)
 # sharded optimiser state (``passes/shard_state.py``): this process's chunk of a flat buffer
 # reduced over the processes
 declare("mpi_reduce_scatter", COLLECTIVE, _scattered, **_EXCHANGE)
-# gradient bucketing with overlap: start a flat buffer's all-reduce on the communication thread
-# (the value is a handle), and wait for it where the result is needed
-declare("comm_start", COLLECTIVE, _same, **_EXCHANGE)
+
+
+def _started(x, *, collective="allreduce", size=1, **_):
+    """A started bucket's result: ``collective`` is ``allreduce`` (the default),
+    ``reduce_scatter`` or ``allgather`` of the flat buffer over ``size`` processes."""
+    return _scattered(x, size=size) if collective == "reduce_scatter" else \
+        _gathered(x, size=size) if collective == "allgather" else x
+
+
+# gradient bucketing with overlap: start a flat buffer's exchange (``collective``) on the
+# communication thread (the value is a handle), and wait for it where the result is needed
+declare("comm_start", COLLECTIVE, _started, **_EXCHANGE)
 declare("comm_wait", COLLECTIVE, _same, **_EXCHANGE)
 
 # What each exchange node asks of a transport (``backends.base.Transport``: the host's MPI, NCCL,
@@ -116,7 +125,8 @@ EXCHANGES = {
     "mpi_allgather": lambda t, x, *, comm=None, **_: t.allgather(x, comm),
     "mpi_broadcast": lambda t, x, *, root, comm=None, **_: t.broadcast(x, root, comm),
     "mpi_reduce_scatter": lambda t, x, *, op, comm=None, **_: t.reduce_scatter(x, op, comm),
-    "comm_start": lambda t, x, *, op, owned=False, comm=None, **_: t.start(x, op, owned, comm),
+    "comm_start": lambda t, x, *, op=None, owned=False, comm=None, collective="allreduce", **_:
+        t.start(x, op, owned, comm, collective),
     "comm_wait": lambda t, handle, **_: t.wait(handle),
 }
 

@@ -298,7 +298,9 @@ def test_two_processes_over_every_transport(ranks):
     for check in ("own GPUs as numpy over nccl", "CUDA-aware MPI as numpy over cuda-aware-mpi",
                   "one shared GPU as numpy over host", "forced NCCL on one GPU refused",
                   "the stand-in NCCL takes integers only",
-                  "the stand-in NCCL refuses too"):
+                  "the stand-in NCCL refuses too", "own GPUs sharded as numpy over nccl",
+                  "CUDA-aware MPI sharded as numpy over cuda-aware-mpi",
+                  "one shared GPU sharded as numpy over host"):
         assert result.stdout.count(check) == ranks, report(result)
 
 

@@ -20,27 +20,63 @@ buffer per step; with memory planning the bucket itself is reused every step). S
 reduced buffer replace the original results. Buckets start in the same order on every rank
 and the thread runs them in that order, so results are bitwise those of the unbucketed graph
 (without compression).
+
+A sharded step (``shard_state.py``) has two more kinds, packed the same way, each kind and dtype
+its own buckets: the gradients' ``mpi_reduce_scatter`` — the members' padded buffers side by side
+as rows of ``processes`` (each process's slices), so process r receives its slices of every
+member one after another — and the parameters' ``mpi_allgather`` of those slices. With
+``overlap`` they go to the communication thread as ``comm_start[collective=...]``; ``compress``
+casts the reduce-scatter (every element combined as the all-reduce combines it: bitwise the
+compressed unsharded step) but never a parameter or a norm's partial sums (``exact``).
 """
 
 from __future__ import annotations
 
 from ... import numpy as rnp
 from ...dtypes import is_float
+from ...errors import source_line
 from ..core import Graph, bind
 from ..rebuild import Rebuilder
 
+# the exchanges packed: gradient all-reduces, and a sharded step's reduce-scatters of gradients
+# and all-gathers of new parameters (``shard_state.py`` marks those ``shard``); started on the
+# communication thread as ``comm_start[collective=...]``
+COLLECTIVE = {"mpi_allreduce": "allreduce", "mpi_reduce_scatter": "reduce_scatter",
+              "mpi_allgather": "allgather"}
+
+
+def sharded_exchange(node) -> bool:
+    """Made by ``shard_state``: a reduce-scatter, a parameter's all-gather, a norm's partial."""
+    return node.prim in COLLECTIVE and (node.prim == "mpi_reduce_scatter" or bool(
+        node.attrs.get("shard") or node.attrs.get("exact")))
+
+
+def bucketable(node) -> bool:
+    return node.prim in COLLECTIVE and (node.prim != "mpi_allgather" or
+                                        bool(node.attrs.get("shard")))
+
 
 class _Member:
-    __slots__ = ("node", "pre", "ready", "first_use", "nbytes")
+    __slots__ = ("node", "pre", "ready", "first_use", "nbytes", "size", "order")
 
-    def __init__(self, node, pre, ready, first_use):
+    def __init__(self, node, pre, ready, first_use, order):
         self.node, self.pre, self.ready, self.first_use = node, pre, ready, first_use
-        self.nbytes = node.out.size * node.out.dtype.itemsize
+        self.order = order  # (packing order: ``ready``, or the exchange's place, see below)
+        # (elements in the bucket's result per process: the slice; bytes: what the whole
+        # exchange carries, the gradient or the gathered parameter)
+        self.size = node.inputs[0].size if node.prim == "mpi_allgather" else node.out.size
+        self.nbytes = max(node.inputs[0].size, node.out.size) * node.out.dtype.itemsize
 
 
 def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
-    """The buckets, each a list of members in packing order, in start order."""
+    """The buckets, each a list of members in packing order, in start order.
+
+    A sharded step's graphs differ between the processes (a slice that holds padding on one
+    is cut differently, constants merge differently), so where a value becomes ready differs
+    too; the exchanges themselves come in the same order on every process (the ranks compare
+    it). There the members are packed, and the buckets started, in the exchanges' order."""
     nodes = graph.nodes
+    sharded = any(sharded_exchange(n) for n in nodes)
     index = {n.out.id: i for i, n in enumerate(nodes)}
     users: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -49,12 +85,13 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
     out_ids = {o.id for o in graph.outputs}
     groups: dict[tuple, list[_Member]] = {}
     for node in nodes:
-        if node.prim != "mpi_allreduce":
+        if not bucketable(node):
             continue
         src = node.inputs[0]
         pre = None
         p = index.get(src.id)
-        if p is not None and nodes[p].prim == "local_reduce" and len(users[src.id]) == 1:
+        if p is not None and nodes[p].prim == "local_reduce" and len(users[src.id]) == 1 \
+                and node.prim == "mpi_allreduce":
             pre = nodes[p]  # moves with the bucket
             ready = max((index.get(x.id, -1) for x in pre.inputs), default=-1)
         else:
@@ -62,11 +99,14 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
         first_use = min(users.get(node.out.id, [len(nodes)]))
         if node.out.id in out_ids:
             first_use = min(first_use, len(nodes))
-        key = (node.attrs["op"], node.out.dtype.str)  # (dependent ones: see needed_by below)
-        groups.setdefault(key, []).append(_Member(node, pre, ready, first_use))
+        # (dependent ones: see needed_by below; ``exact``: never compressed)
+        key = (node.prim, node.attrs.get("op"), node.out.dtype.str, node.attrs.get("exact"),
+               node.attrs.get("comm"))
+        groups.setdefault(key, []).append(
+            _Member(node, pre, ready, first_use, index[node.out.id] if sharded else ready))
     buckets = []
     for members in groups.values():
-        members.sort(key=lambda m: m.ready)
+        members.sort(key=lambda m: m.order)
         current, size, needed_by = [], 0, None
         for m in members:
             fits = size + m.nbytes <= bucket_bytes and m.ready < needed_by if current else True
@@ -78,21 +118,28 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
             needed_by = m.first_use if needed_by is None else min(needed_by, m.first_use)
         if current:
             buckets.append(current)
-    buckets.sort(key=lambda b: max(m.ready for m in b))
+    buckets.sort(key=lambda b: max(m.order for m in b))
     return buckets
 
 
 def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
               overlap: bool = True) -> Graph:
-    if bucket_bytes <= 0 or not any(n.prim == "mpi_allreduce" for n in graph.nodes):
+    if bucket_bytes <= 0 or not any(bucketable(n) for n in graph.nodes):
         return graph
-    graph = communication_first(graph)
+    graph = gathers_last(communication_first(graph))
     buckets = plan_buckets(graph, bucket_bytes)
     moved = {id(m.node) for b in buckets for m in b} | \
         {id(m.pre) for b in buckets for m in b if m.pre is not None}
     starts: dict[int, list[int]] = {}  # node index after which bucket b is ready
+    sharded = any(sharded_exchange(m.node) for b in buckets for m in b)
+    at = -1  # (a sharded step: no bucket starts before the one planned before it)
     for b, members in enumerate(buckets):
-        starts.setdefault(max(m.ready for m in members), []).append(b)
+        ready = max(m.ready for m in members)
+        if sharded and at < min(m.first_use for m in members):
+            ready = max(ready, at)
+            at = ready
+        starts.setdefault(ready, []).append(b)
+    started: list[int] = []  # in the order they start
     waiting: dict[int, int] = {}  # original member output id -> bucket
     for b, members in enumerate(buckets):
         for m in members:
@@ -108,21 +155,30 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
                 if x.id in waiting and waiting[x.id] not in done:
                     finish(waiting[x.id])
         n_before = len(rb.trace.nodes)
+        started.append(b)
+        prim, attrs = members[0].node.prim, dict(members[0].node.attrs, bucket=b)
+        # a reduce-scatter's members side by side as (processes, chunk) rows: process r's
+        # chunk of the bucket is its slices of the members, one after another
+        rows = prim == "mpi_reduce_scatter" and len(members) > 1
         flats = []
         for m in members:
             x = rb.copy(m.pre) if m.pre is not None else rb.get(m.node.inputs[0])
-            flats.append(rnp.reshape(x, (-1,)) if x.ndim != 1 else x)
-        flat = flats[0] if len(flats) == 1 else rnp.concatenate(flats, 0)
+            flats.append(rnp.reshape(x, (attrs["size"], -1)) if rows else
+                         rnp.reshape(x, (-1,)) if x.ndim != 1 else x)
+        flat = flats[0] if len(flats) == 1 else \
+            rnp.reshape(rnp.concatenate(flats, 1), (-1,)) if rows else rnp.concatenate(flats, 0)
         dtype = flat.dtype
-        if compress is not None and is_float(dtype) and dtype.itemsize > 2:
+        if compress is not None and is_float(dtype) and dtype.itemsize > 2 \
+                and prim != "mpi_allgather" and not attrs.get("exact"):
             flat = rnp.cast(flat, compress)
-        attrs = dict(members[0].node.attrs, bucket=b)
-        if flat is not flats[0]:  # a fresh buffer nobody else reads: reduce over it in place
-            attrs["owned"] = True
+        if flat is not flats[0] and prim == "mpi_allreduce":  # a fresh buffer nobody else
+            attrs["owned"] = True  # reads: reduce over it in place
         if overlap:
+            if prim != "mpi_allreduce":
+                attrs["collective"] = COLLECTIVE[prim]
             handles[b] = (bind("comm_start", flat, **attrs), dtype)
         else:
-            handles[b] = (bind("mpi_allreduce", flat, **attrs), dtype)
+            handles[b] = (bind(prim, flat, **attrs), dtype)
         for new in rb.trace.nodes[n_before:]:
             new.where = members[0].node.where
 
@@ -132,10 +188,11 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
             value = bind("comm_wait", value, bucket=b)
         if value.dtype != dtype:
             value = rnp.cast(value, dtype)
-        offset = 0
+        offset, gathered = 0, buckets[b][0].node.prim == "mpi_allgather"
         for m in buckets[b]:
-            n = m.node.out.size
-            part = value if len(buckets[b]) == 1 else value[offset:offset + n]
+            n = m.size
+            part = value if len(buckets[b]) == 1 else value[:, offset:offset + n] \
+                if gathered else value[offset:offset + n]
             if part.shape != m.node.out.shape:
                 part = rnp.reshape(part, m.node.out.shape)
             rb.subst[m.node.out.id] = part
@@ -162,25 +219,70 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
             if b not in done:
                 finish(b)
     graph = rb.finish()
+    if sharded:
+        graph = _scheduled(graph, [buckets[b] for b in started])
     return sink_waits(graph) if overlap else graph
 
 
+def _scheduled(graph: Graph, buckets) -> Graph:
+    """``graph`` with its buckets, in start order, added to the schedule the ranks compare
+    before they exchange anything (a sharded step's buckets are planned from graphs that differ
+    between the processes: a plan that differed would mix the processes' buffers)."""
+    rows = [(f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
+             f"{[m.node.inputs[0].shape for m in members]}",
+             source_line(b.node.where) if b.node.where else "?")
+            for members in buckets for b in members[:1]]
+    schedule = list(graph.meta.collective_schedule or [])
+    return Graph(graph.inputs, graph.nodes, graph.outputs,
+                 graph.meta.copy(collective_schedule=schedule + rows))
+
+
 def communication_first(graph: Graph) -> Graph:
-    """Order the all-reduces and everything they need before everything else (the optimiser
-    updates, the outputs), each part in its old order — still a valid order, since what an
-    all-reduce needs needs only such nodes. Traced with several replicas per process, a
-    gradient's update can sit between the next gradients' computations; a bucket must close
-    before the first use of its results, so that order gave one bucket per gradient."""
+    """Order the all-reduces (and a sharded step's reduce-scatters) and everything they need
+    before everything else (the optimiser updates, the outputs), each part in its old order —
+    still a valid order, since what an all-reduce needs needs only such nodes. Traced with
+    several replicas per process, a gradient's update can sit between the next gradients'
+    computations; a bucket must close before the first use of its results, so that order gave
+    one bucket per gradient. What only a sharded step's split reductions need (``exact``
+    all-reduces of a global norm's partial sums, which read the reduce-scattered slices) comes
+    second, so that the reduce-scatters are not held apart by them."""
     needed: set[int] = set()
+    later: set[int] = set()  # needed by the exact all-reduces only
     for node in reversed(graph.nodes):  # (a pipeline stage's sends must not wait for them)
-        if node.prim in ("mpi_allreduce", "send") or node.out.id in needed:
+        if (node.prim in ("mpi_allreduce", "send") or node.prim == "mpi_reduce_scatter") \
+                and not node.attrs.get("exact") or node.out.id in needed:
             needed.update(x.id for x in node.inputs)
             needed.add(node.out.id)
+        elif node.prim == "mpi_allreduce" or node.out.id in later:
+            later.update(x.id for x in node.inputs)
+            later.add(node.out.id)
     first = [n for n in graph.nodes if n.out.id in needed]
-    if len(first) == len(graph.nodes):
+    second = [n for n in graph.nodes if n.out.id in later and n.out.id not in needed]
+    order = first + second + [n for n in graph.nodes
+                              if n.out.id not in needed and n.out.id not in later]
+    if all(a is b for a, b in zip(order, graph.nodes)):
         return graph
-    rest = [n for n in graph.nodes if n.out.id not in needed]
-    return Graph(graph.inputs, first + rest, graph.outputs, graph.meta.copy())
+    return Graph(graph.inputs, order, graph.outputs, graph.meta.copy())
+
+
+def gathers_last(graph: Graph) -> Graph:
+    """Everything that reads a sharded step's gathered parameters (``mpi_allgather`` marked
+    ``shard``) after everything else, each part in its old order (valid: nothing else reads
+    such a value). Each parameter's gather is read just after it, before the next
+    parameter's update; in that order a bucket of gathers would close at each."""
+    tainted: set[int] = set()
+    first, later = [], []
+    for node in graph.nodes:
+        if any(x.id in tainted for x in node.inputs):
+            tainted.add(node.out.id)
+            later.append(node)
+        else:
+            if node.prim == "mpi_allgather" and node.attrs.get("shard"):
+                tainted.add(node.out.id)
+            first.append(node)
+    if not later:
+        return graph
+    return Graph(graph.inputs, first + later, graph.outputs, graph.meta.copy())
 
 
 def sink_waits(graph: Graph) -> Graph:

@@ -26,10 +26,9 @@ array, and the reduce-scatter combines in the all-reduce's rank order, so the up
 bitwise those of the unsharded step except where a reduction is split (the global norm: its
 partial sums are added in another order).
 
-Stage 3 (parameters sharded between steps, gathered per layer before use) would add a read
-rule: a sharded parameter's read all-gathered where the forward and backward passes use it (and
-freed after), which needs a gather scheduled per layer (twice: forward and backward) and the
-memory plan to free it; it is not built.
+The gradients' reduce-scatters and the parameters' all-gathers (marked ``shard``) are packed
+into buckets by the bucketing pass, like all-reduces; a norm's partial sums are marked ``exact``
+(never compressed). Stage 3 is not built: ``replicate/sharding.py`` says what it would take.
 """
 
 from __future__ import annotations
@@ -107,7 +106,8 @@ class _Sharder:
         """The new graph's whole value of old value ``x`` (all-gathered once if sliced)."""
         if x.id not in self.rb.subst:
             part, lay = self.sliced[x.id]
-            gathered = rnp.reshape(self.exchange("mpi_allgather", part), (self.n * lay.chunk,))
+            gathered = rnp.reshape(self.exchange("mpi_allgather", part, shard=True),
+                                   (self.n * lay.chunk,))
             if lay.n * lay.chunk != lay.size:
                 gathered = gathered[:lay.size]
             self.rb.subst[x.id] = rnp.reshape(gathered, lay.shape)
@@ -185,7 +185,9 @@ class _Sharder:
             mask = rnp.asarray(np.arange(lay.chunk) < lay.valid)
             part = rnp.where(mask, part, rnp.asarray(_identity(op, part.dtype)))
         local = bind(node.prim, part, **dict(node.attrs, axes=(0,)))
-        self.rb.subst[node.out.id] = self.exchange("mpi_allreduce", local, op=op)
+        # (``exact``: bucketing never compresses it — a norm's partial sums in float16 could
+        # overflow, and the unsharded step computes the norm from the whole gradient)
+        self.rb.subst[node.out.id] = self.exchange("mpi_allreduce", local, op=op, exact=True)
 
     def run(self, layouts: dict) -> Graph:
         rb, graph = self.rb, self.graph

@@ -15,6 +15,16 @@ diverged state), at the end of ``Replicator.run``, and every N steps with
 each process's own and is never compared. With model parallelism a Variable that lives on one
 logical device is compared among the processes holding it (that device of every replica group;
 at the end of ``run`` and at checkpoints every process holds it again).
+
+Sharded optimiser state (``wrap_optimizer(shard=True)``) is held once: each process its own
+slice, which no other process holds (the replicas of a process share one array), so a slice has
+no copy to be compared with. Each is checked where it lives instead: it must be this process's
+slice of the whole for this many processes (its layout: the process count and this rank, the
+shape and dtype every process names) with its padding zero. The parameters stay whole on every
+process and are compared as before. (A parameter changed on one process only is mixed into
+every process's copy by the next step's all-gather — each process's slice of the new value is
+computed from its own copy — so a check before that step sees it, one after may not:
+``check_sync=1`` compares at every step.)
 """
 
 from __future__ import annotations
@@ -54,13 +64,26 @@ def verify(comm, variables, step: int, when: str) -> None:
         return
     where = source_line(user_frame())
     agree(comm, VERIFY, describe=lambda: f"comparing the ranks' variables ({when}) at {where}")
+    sliced = [v for v in variables if getattr(v, "shard", None) is not None]
     variables = shared(variables)
     # (model parallelism: a Variable that lives on another device is compared among the
     # processes that hold it — its device in every replica group — not here)
-    mine = (tuple(v.name for v in variables),
+    mine = (tuple(v.name for v in variables) + tuple(v.name for v in sliced),
             tuple(None if getattr(v, "released", None) else fingerprint(v.value)
-                  for v in variables))
+                  for v in variables), [_slice_fault(v, comm) for v in sliced])
     everyone = comm.allgather_obj(mine)
+    for r, (_, _, faults) in enumerate(everyone):  # (every process raises the same error)
+        for var, fault in zip(sliced, faults):
+            if fault:
+                error = DivergenceError(
+                    f"step {step}, {when}: rank {r}'s slice of the sharded variable "
+                    f"{var.name!r} ({var.dtype}{list(var.shape)}) {fault}. Each process must "
+                    "hold its own slice for the processes running (wrap_optimizer(shard=True) "
+                    "cuts it; a checkpoint restores it); assign a sharded variable its whole "
+                    "value (Variable.assign slices it), never a slice.")
+                error.consistent = True
+                raise error
+    everyone = [(names, prints) for names, prints, _ in everyone]
     names = {names for names, _ in everyone}
     if len(names) > 1:
         error = DivergenceError(
@@ -88,6 +111,19 @@ def verify(comm, variables, step: int, when: str) -> None:
             "local=True).")
         error.consistent = True
         raise error
+
+
+def _slice_fault(var, comm) -> str:
+    """What is wrong with this process's slice of a sharded variable ('' if nothing)."""
+    lay, value = var.shard, np.asarray(var.value)
+    if (lay.n, lay.rank) != (comm.size, comm.rank):
+        return (f"is process {lay.rank}'s of {lay.n}, held by process {comm.rank} of "
+                f"{comm.size}")
+    if value.shape != (lay.chunk,) or value.dtype != var.dtype:
+        return f"is {value.dtype}{list(value.shape)}, not {var.dtype}[{lay.chunk}]"
+    if np.any(value[lay.valid:] != 0):
+        return f"holds nonzero padding (elements {lay.valid}: of {lay.chunk})"
+    return ""
 
 
 __all__ = ["fingerprint", "shared", "verify"]

@@ -65,9 +65,18 @@ class _Transport:
     def allreduce(self, x, op: str, owned: bool = False, comm=None):
         return self._watched(f"allreduce({op})", x, lambda: self.wait(self._allreduce(x, op)))
 
-    def start(self, x, op: str, owned: bool = False, comm=None) -> Pending:
-        """A bucket's all-reduce, started now and waited for where it is read."""
-        return self._watched(f"allreduce({op}) (bucket)", x, lambda: self._allreduce(x, op))
+    def start(self, x, op: str, owned: bool = False, comm=None,
+              collective: str = "allreduce") -> Pending:
+        """A bucket's exchange (all-reduce; a sharded step's reduce-scatter or all-gather),
+        started now and waited for where it is read."""
+        if collective == "allgather":
+            return self._watched("allgather (bucket)", x, lambda: self._gather(x))
+        pending = self._watched(f"{collective}({op}) (bucket)", x,
+                                lambda: self._allreduce(x, op))
+        if collective == "reduce_scatter":  # (this rank's chunk of the whole reduction)
+            chunk = x.size // self.size
+            pending.value = pending.value.reshape(-1)[self.rank * chunk:(self.rank + 1) * chunk]
+        return pending
 
     def allgather(self, x, comm=None):
         return self._watched("allgather", x, lambda: self.wait(self._gather(x)))

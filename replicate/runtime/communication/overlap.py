@@ -46,14 +46,15 @@ class CommThread:
         self.thread = threading.Thread(target=self._loop, name="replicate-comm", daemon=True)
         self.thread.start()
 
-    def submit(self, fn, *args) -> Handle:
+    def submit(self, fn, *args, kind: str = "allreduce") -> Handle:
+        """Run ``fn(comm, *args)`` on the thread (``kind``: the profiler's name for it)."""
         handle = Handle()
-        self.jobs.put((handle, fn, args))
+        self.jobs.put((handle, fn, args, kind))
         return handle
 
     def _loop(self):
         while True:
-            handle, fn, args = self.jobs.get()
+            handle, fn, args, kind = self.jobs.get()
             profiler = profile.active()
             start = profiler.now() if profiler is not None else 0
             try:
@@ -61,7 +62,7 @@ class CommThread:
             except BaseException as e:  # handed to whoever waits for this bucket
                 handle._error = e
             if profiler is not None:
-                profiler.add("allreduce (communication thread)", "communication", start,
+                profiler.add(f"{kind} (communication thread)", "communication", start,
                              profiler.now(), bytes=int(getattr(args[0], "nbytes", 0)))
             handle._done.set()
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .comm import _CHUNK_BYTES, group
 from .hierarchy import combine
-from .overlap import reduce_parts, start_allreduce
+from .overlap import comm_thread, reduce_parts, start_allreduce
 
 
 def reduce_scatter(comm, x, op: str) -> np.ndarray:
@@ -72,8 +72,14 @@ class HostTransport:
     def broadcast(self, x, root: int, comm=None):
         return group(comm).bcast(x, root)
 
-    def start(self, x, op: str, owned: bool = False, comm=None):
-        """A bucket's all-reduce on the communication thread: a handle for ``wait``."""
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"):
+        """A bucket's exchange on the communication thread (an all-reduce; a sharded step's
+        reduce-scatter or all-gather): a handle for ``wait``."""
+        if collective == "reduce_scatter":
+            return comm_thread(comm).submit(lambda c, x: reduce_scatter(c, x, op), x,
+                                            kind="reduce_scatter")
+        if collective == "allgather":
+            return comm_thread(comm).submit(lambda c, x: c.allgather(x), x, kind="allgather")
         return start_allreduce(x, op, owned, comm)
 
     def wait(self, handle):
@@ -104,8 +110,8 @@ class HostStaged:
     def broadcast(self, x, root: int, comm=None):
         return self.device.to_device(HOST.broadcast(self.device.to_host(x), root, comm))
 
-    def start(self, x, op: str, owned: bool = False, comm=None):
-        return HOST.start(self.device.to_host(x), op, owned, comm)
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"):
+        return HOST.start(self.device.to_host(x), op, owned, comm, collective)
 
     def wait(self, handle):
         return self.device.to_device(HOST.wait(handle))

@@ -13,7 +13,10 @@ buckets reduced while the backward pass goes on) must give NumPy's losses and pa
 * the stand-in NCCL as strict as CuPy's: a ``Stream`` object where its ``intptr_t stream`` is
   wanted is a ``TypeError``, a stream of another device than the communicator's an NCCL error;
 * ``REPLICATE_TRANSPORT=nccl`` with both ranks on one GPU -> a clear error on every rank, and
-  the (stand-in) NCCL itself refusing such an init.
+  the (stand-in) NCCL itself refusing such an init;
+* over each transport, a sharded step (``wrap_optimizer(shard=True)``: bucketed reduce-scatters
+  and all-gathers started on the transport, clipping, two replicas per process) trains to the
+  unsharded NumPy step's parameters and state, bitwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/: conftest installs the stand-in
+sys.path.insert(0, HERE)  # (shard_mpi: the sharded training)
 os.environ["REPLICATE_STANDIN_DEVICES"] = "2"
 
 import cupy_standin  # noqa: E402
@@ -66,6 +70,19 @@ def parity(label, kind):
     return moved
 
 
+def sharded(label, kind):
+    import numpy as np
+    import shard_mpi as S
+
+    cfg = dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.05), options=OPTIONS)
+    want = S.whole_state(*S.train(cfg, False))
+    got = S.whole_state(*S.train(dict(cfg, backend="cupy"), True))
+    assert gpu_transport.CHOSEN["kind"] == kind, gpu_transport.CHOSEN
+    for k in want:
+        assert np.array_equal(got[k], want[k]), (label, k, np.max(np.abs(got[k] - want[k])))
+    print(f"rank {rp.process_index()}: {label} sharded as numpy over {kind}", flush=True)
+
+
 def integer_arguments_only(rank):
     """The NCCL transport's communicator refuses the stream object and another GPU's stream."""
     import cupy
@@ -89,11 +106,14 @@ def main():
     fresh(devices=2)
     assert cupy_standin._CUDA.STATE.device == rank  # local rank % device count
     nccl_bytes = parity("own GPUs", "nccl")
+    sharded("own GPUs", "nccl")
     integer_arguments_only(rank)
     fresh("cuda-aware-mpi")
     parity("CUDA-aware MPI", "cuda-aware-mpi")
+    sharded("CUDA-aware MPI", "cuda-aware-mpi")
     fresh(devices=1)
     host_bytes = parity("one shared GPU", "host")
+    sharded("one shared GPU", "host")
     assert "share GPU" in gpu_transport.CHOSEN["reason"], gpu_transport.CHOSEN
     assert host_bytes > nccl_bytes, (host_bytes, nccl_bytes)  # NCCL stages nothing
     assert len(set(RESULTS.values())) == 1, "the transports' parameters differ in their bits"

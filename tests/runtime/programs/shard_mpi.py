@@ -3,6 +3,7 @@
     mpiexec -n N python shard_mpi.py oracle OUT.json     # every configuration, both ways
     mpiexec -n N python shard_mpi.py save DIR            # a sharded run's checkpoint
     mpiexec -n M python shard_mpi.py restore DIR OUT.json
+    mpiexec -n 2 python shard_mpi.py desync OUT.json       # check_sync: broken slices caught
 
 ``save`` also writes an asynchronous checkpoint (``Checkpoint(asynchronous=True)``: the
 sharded state gathered on the writer's thread) that must equal the synchronous one.
@@ -22,6 +23,7 @@ import numpy as np
 
 import replicate as rp
 import replicate.numpy as rnp
+from replicate.runtime.communication import transport
 from replicate.runtime.communication.comm import world
 from replicate.runtime.variables import checkpoint
 
@@ -55,7 +57,31 @@ CONFIGS = {
     "bf16-autocast-master": dict(opt="adamw", dtype="bfloat16", autocast=True),
     "bf16-autocast-master-clip-k2": dict(opt="adamw", k=2, dtype="bfloat16", autocast=True,
                                          wrap=dict(max_grad_norm=0.05)),
+    # bucketing (above: the default 25 MB buckets, overlapped — every gradient in one
+    # reduce-scatter, every parameter in one all-gather): one exchange per tensor, buckets of
+    # about two tensors, blocking, and buckets travelling in bfloat16
+    "adamw-clip-k2-unbucketed": dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.05),
+                                     options=dict(bucket_bytes=0)),
+    "adamw-small-buckets": dict(opt="adamw", options=dict(bucket_bytes=300)),
+    "adamw-clip-small-buckets-blocking": dict(opt="adamw", wrap=dict(max_grad_norm=0.05),
+                                              options=dict(bucket_bytes=300, overlap=False)),
+    "adamw-compressed": dict(opt="adamw", k=2, options=dict(compress="bfloat16")),
+    # the JAX backend (the same rewrite lowered to XLA, which fuses the update differently)
+    "jax-adamw-clip-k2": dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.05), backend="jax"),
+    "jax-bf16-autocast-master": dict(opt="adamw", dtype="bfloat16", autocast=True,
+                                     backend="jax"),
 }
+EXCHANGES = {"reduce_scatter": 0}  # this process's reduce-scatters (counted: bucketing)
+
+
+def _counted(fn):
+    def reduce_scatter(*args):
+        EXCHANGES["reduce_scatter"] += 1
+        return fn(*args)
+    return reduce_scatter
+
+
+transport.reduce_scatter = _counted(transport.reduce_scatter)
 
 
 def make_optimizer(cfg, params, shard):
@@ -86,7 +112,8 @@ def train(cfg, shard, steps=6, callbacks=None, start=None):
         return {"loss": loss}
 
     rep = rp.Replicator(input_fn, step_fn, replicas_per_rank=cfg.get("k", 1),
-                        check_finite=cfg.get("check_finite", False))
+                        check_finite=cfg.get("check_finite", False),
+                        options=cfg.get("options"), backend=cfg.get("backend", "numpy"))
     rep.run(steps=steps, callbacks=callbacks(params, opt) if callbacks else ())
     return params, opt
 
@@ -113,7 +140,9 @@ def oracle(out):
     for name, cfg in CONFIGS.items():
         plain_params, plain_opt = train(cfg, False)
         plain = whole_state(plain_params, plain_opt)
+        EXCHANGES["reduce_scatter"] = 0
         params, opt = train(cfg, True)
+        reduce_scatters = EXCHANGES["reduce_scatter"]
         sharded = whole_state(params, opt)
         held = {kind: int(sum(v.value.nbytes for k, v in opt.variables().items()
                               if k.startswith(("master/", "accumulated/")) == (kind != "state")
@@ -125,6 +154,7 @@ def oracle(out):
                          "moved": float(np.max(np.abs(plain["p/w1"] - make_params(
                              cfg.get("dtype", "float64"))["w1"].numpy().astype(np.float64)))),
                          "sharded_vars": len(opt.sharded()),
+                         "reduce_scatters": reduce_scatters,
                          "report": rp.memory_report(opt), "held": held,
                          "plain_report": rp.memory_report(plain_opt),
                          "state_bytes": state_bytes(opt),
@@ -182,5 +212,37 @@ def restore(folder, out):
                        "background_equal": background_equal}, f)
 
 
+def desync(out):
+    """check_sync with sharded state: a slice broken on purpose on process 1 after the last
+    step (its padding, its layout, or a parameter's copy), caught at the end of ``run``."""
+    def broken(kind):
+        def callbacks(params, opt):
+            def brk(rep, step, outputs):
+                if step != 3 or world().rank != 1:
+                    return
+                if kind == "padding":  # (b1: 7 elements, process 1 holds 3 and 1 of padding)
+                    opt.m[0].value[-1] = 1.0
+                elif kind == "layout":  # process 0's slice, held by process 1
+                    var = opt.v[1]
+                    lay = type(var.shard)(var.shard.shape, var.shard.n, 0)
+                    var.value, var.shard = lay.part(np.ones(var.shape)), lay
+                elif kind == "parameter":
+                    params["w2"].assign(params["w2"].numpy() + 1e-9)
+            return [brk]
+        return callbacks
+
+    caught = {}
+    for kind in ("none", "padding", "layout", "parameter"):
+        try:
+            train(CK, True, steps=3, callbacks=broken(kind))
+            caught[kind] = None
+        except rp.DivergenceError as e:
+            caught[kind] = str(e)
+    if world().rank == 0:
+        with open(out, "w") as f:
+            json.dump({"size": world().size, "caught": caught}, f)
+
+
 if __name__ == "__main__":
-    {"oracle": oracle, "save": save, "restore": restore}[sys.argv[1]](*sys.argv[2:])
+    {"oracle": oracle, "save": save, "restore": restore, "desync": desync}[sys.argv[1]](
+        *sys.argv[2:])
