@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["default_rng", "fan_in_uniform", "glorot_uniform", "he_normal", "lecun_uniform", "normal", "zeros", "ones"]
+__all__ = ["default_rng", "fan_in_uniform", "glorot_uniform", "he_normal", "lecun_uniform",
+           "normal", "zeros", "ones"]
 
 _default = np.random.default_rng(0)
 
