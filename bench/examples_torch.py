@@ -207,7 +207,7 @@ class ActorCritic(nn.Module):
         return self.pi(self.actor(obs)), self.v(self.critic(obs)).squeeze(-1)
 
 
-def ppo(replicas, seed=0, envs=2, rollout=128, rollouts=150, epochs=4, minibatches=4, lr=1e-3,
+def ppo(replicas, seed=0, envs=2, rollout=128, rollouts=200, epochs=4, minibatches=4, lr=5e-4,
         gamma=0.99, lam=0.95, clip=0.2, entropy_coef=0.01, value_coef=0.5):
     import replicate as rp
 

@@ -13,8 +13,12 @@ rate annealed linearly to 0 by ``rp.optim.LinearLR``, gradients clipped to norm 
 ``prefetch=0`` a rollout starts only after the previous rollout's last update: on-policy.
 
 Defaults (4 replicas x 2 environments x 128 steps: 1024 transitions a rollout, 4 epochs x 4
-minibatches, 150 rollouts = 153 600 environment steps): separate actor and critic MLPs (64-64
-tanh), gamma 0.99, lambda 0.95, clip 0.2, entropy 0.01, value coefficient 0.5, Adam lr 1e-3.
+minibatches, 200 rollouts = 204 800 environment steps): separate actor and critic MLPs (64-64
+tanh), gamma 0.99, lambda 0.95, clip 0.2, entropy 0.01, value coefficient 0.5, Adam lr 5e-4.
+Measured here (one process x 4 replicas or 2 x 2, seeds 0 and 1): the mean return of the last 20
+episodes ends at 463-485 (the maximum is 500), after swinging between 160 and 460 on the way; with
+lr 1e-3 it rose faster but ended anywhere from 171 to 500 (PPO on CartPole often falls back from
+500: the rate decaying to 0 is what lets it settle).
 The PyTorch twin (bench/examples_vs_torch.py) runs the same actors (environments, seeds, draws)
 with this model in ``torch.nn`` from the same initial weights.
 
@@ -147,10 +151,10 @@ def main(argv=None):
     ap.add_argument("--replicas-per-rank", type=int, default=2)
     ap.add_argument("--envs", type=int, default=2, help="environments per replica")
     ap.add_argument("--rollout", type=int, default=128, help="steps per environment per rollout")
-    ap.add_argument("--rollouts", type=int, default=150)
+    ap.add_argument("--rollouts", type=int, default=200)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--minibatches", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--gamma", type=float, default=0.99)
     ap.add_argument("--gae-lambda", type=float, default=0.95)
     ap.add_argument("--clip", type=float, default=0.2)
