@@ -15,7 +15,7 @@ rate annealed linearly to 0 by ``rp.optim.LinearLR``, gradients clipped to norm 
 Defaults (4 replicas x 2 environments x 128 steps: 1024 transitions a rollout, 4 epochs x 4
 minibatches, 200 rollouts = 204 800 environment steps): separate actor and critic MLPs (64-64
 tanh), gamma 0.99, lambda 0.95, clip 0.2, entropy 0.01, value coefficient 0.5, Adam lr 5e-4.
-Measured here (one process x 4 replicas or 2 x 2, seeds 0 and 1): the mean return of the last 20
+Measured here (2 processes x 2 replicas, seeds 0 and 1): the mean return of the last 20
 episodes ends at 463-485 (the maximum is 500), after swinging between 160 and 460 on the way; with
 lr 1e-3 it rose faster but ended anywhere from 171 to 500 (PPO on CartPole often falls back from
 500: the rate decaying to 0 is what lets it settle).
