@@ -98,7 +98,9 @@ class MultiheadAttention(Module):
         self.in_proj_weight = Variable(init.glorot_uniform((embed_dim, 3 * embed_dim), rng=rng,
                                                            dtype=dtype))
         self.in_proj_bias = Variable(np.zeros(3 * embed_dim, dtype)) if bias else None
-        self.out_proj = Linear(embed_dim, embed_dim, bias, rng=rng, dtype=dtype)
+        # PyTorch's: the out-projection a default Linear's weight, every bias zero
+        self.out_proj = Linear(embed_dim, embed_dim, bias, bias_fn=init.zeros, rng=rng,
+                               dtype=dtype)
 
     def _project(self, x, part):
         e = self.embed_dim

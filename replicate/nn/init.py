@@ -1,10 +1,16 @@
-"""Standard initialisers. Each takes a shape and a NumPy ``Generator`` and returns an ndarray."""
+"""Standard initialisers. Each takes a shape and a NumPy ``Generator`` and returns an ndarray.
+
+The layers' defaults are PyTorch's: ``Linear``, ``Conv2d`` and ``ConvTranspose2d`` draw weight and
+bias from ``fan_in_uniform`` (U(±1/sqrt(fan_in)), ``torch.nn``'s ``kaiming_uniform_(a=sqrt(5))``),
+``Embedding`` from N(0, 1), ``MultiheadAttention``'s packed projection from ``glorot_uniform``
+with zero biases."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["default_rng", "glorot_uniform", "he_normal", "lecun_uniform", "normal", "zeros", "ones"]
+__all__ = ["default_rng", "fan_in_uniform", "glorot_uniform", "he_normal", "lecun_uniform",
+           "normal", "zeros", "ones"]
 
 _default = np.random.default_rng(0)
 
@@ -24,6 +30,21 @@ def _fans(shape):
     if len(shape) == 2:  # (in, out) as Linear stores it
         return shape[0], shape[1]
     return shape[1] * receptive, shape[0] * receptive  # (out, in, kh, kw)
+
+
+def fan_in_uniform(shape, rng=None, dtype=np.float32, *, fan_in=None):
+    """Uniform in ``±1 / sqrt(fan_in)``: PyTorch's default for the weights and biases of
+    ``Linear`` and the convolutions (a bias passes its weight's ``fan_in``).
+
+    >>> import numpy as np
+    >>> w = fan_in_uniform((100, 3), np.random.default_rng(0))
+    >>> bool(np.abs(w).max() <= 0.1), w.dtype
+    (True, dtype('float32'))
+    """
+    if fan_in is None:
+        fan_in, _ = _fans(shape)
+    limit = 1.0 / np.sqrt(fan_in)
+    return (rng or _default).uniform(-limit, limit, shape).astype(dtype)
 
 
 def glorot_uniform(shape, rng=None, dtype=np.float32):

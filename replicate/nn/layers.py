@@ -16,19 +16,33 @@ from .module import Module
 from .written_grads import layer_norm
 
 
+def _bias(bias, bias_fn, n, fan_in, rng, dtype):
+    """The bias Variable (drawn after the weight): ``bias_fn((n,), rng=, dtype=)``, or by
+    default PyTorch's U(±1/sqrt(fan_in)) with the weight's fan-in; None without a bias."""
+    if not bias:
+        return None
+    if bias_fn is None:
+        return Variable(init.fan_in_uniform((n,), rng=rng, dtype=dtype, fan_in=fan_in))
+    return Variable(bias_fn((n,), rng=rng, dtype=dtype))
+
+
 class Linear(Module):
     """``y = x @ weight + bias`` with ``weight`` of shape (in, out).
+
+    Initialised as ``torch.nn.Linear``: weight and bias uniform in ±1/sqrt(in_features)
+    (``init_fn=rp.nn.init.fan_in_uniform``; ``bias_fn=None``: the bias with the weight's fan-in).
+    ``init_fn=rp.nn.init.glorot_uniform, bias_fn=rp.nn.init.zeros`` gives Glorot's (Keras').
 
     >>> import numpy as np, replicate as rp
     >>> rp.nn.Linear(3, 2)(np.ones((4, 3), np.float32)).shape
     (4, 2)
     """
 
-    def __init__(self, in_features, out_features, bias=True, *, init_fn=init.glorot_uniform,
-                 rng=None, dtype=np.float32):
+    def __init__(self, in_features, out_features, bias=True, *, init_fn=init.fan_in_uniform,
+                 bias_fn=None, rng=None, dtype=np.float32):
         super().__init__()
         self.weight = Variable(init_fn((in_features, out_features), rng=rng, dtype=dtype))
-        self.bias = Variable(np.zeros(out_features, dtype)) if bias else None
+        self.bias = _bias(bias, bias_fn, out_features, in_features, rng, dtype)
 
     def forward(self, x):
         y = rnp.matmul(x, self.weight)
@@ -36,14 +50,19 @@ class Linear(Module):
 
 
 class Conv2d(Module):
-    """2-D convolution on NCHW inputs with OIHW weights."""
+    """2-D convolution on NCHW inputs with OIHW weights.
+
+    Initialised as ``torch.nn.Conv2d``: weight and bias uniform in ±1/sqrt(in_channels * kh * kw)
+    (``init_fn``, ``bias_fn`` as ``Linear``'s; ``init_fn=rp.nn.init.he_normal,
+    bias_fn=rp.nn.init.zeros`` gives He's)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 bias=True, *, init_fn=init.he_normal, rng=None, dtype=np.float32):
+                 bias=True, *, init_fn=init.fan_in_uniform, bias_fn=None, rng=None,
+                 dtype=np.float32):
         super().__init__()
         kh, kw = (kernel_size, kernel_size) if np.isscalar(kernel_size) else kernel_size
         self.weight = Variable(init_fn((out_channels, in_channels, kh, kw), rng=rng, dtype=dtype))
-        self.bias = Variable(np.zeros(out_channels, dtype)) if bias else None
+        self.bias = _bias(bias, bias_fn, out_channels, in_channels * kh * kw, rng, dtype)
         self.stride, self.padding, self.dilation = stride, padding, dilation
 
     def forward(self, x):
@@ -55,7 +74,8 @@ class Conv2d(Module):
 
 class ConvTranspose2d(Module):
     """Transposed 2-D convolution on NCHW inputs, as ``torch.nn.ConvTranspose2d`` (one group):
-    weights of shape (in, out, kH, kW), ``rnp.conv_transpose2d`` and a bias per output channel.
+    weights of shape (in, out, kH, kW), ``rnp.conv_transpose2d`` and a bias per output channel;
+    initialised as PyTorch's: weight and bias uniform in ±1/sqrt(out_channels * kh * kw).
 
     >>> import numpy as np, replicate as rp
     >>> rp.nn.ConvTranspose2d(3, 2, 4, stride=2, padding=1)(np.ones((1, 3, 5, 5), np.float32)).shape
@@ -63,13 +83,13 @@ class ConvTranspose2d(Module):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 output_padding=0, bias=True, dilation=1, *, init_fn=init.he_normal, rng=None,
-                 dtype=np.float32):
+                 output_padding=0, bias=True, dilation=1, *, init_fn=init.fan_in_uniform,
+                 bias_fn=None, rng=None, dtype=np.float32):
         super().__init__()
         kh, kw = (kernel_size, kernel_size) if np.isscalar(kernel_size) else kernel_size
         # (in, out, kh, kw): the fan-in the initialiser reads is out * kh * kw, as PyTorch's
         self.weight = Variable(init_fn((in_channels, out_channels, kh, kw), rng=rng, dtype=dtype))
-        self.bias = Variable(np.zeros(out_channels, dtype)) if bias else None
+        self.bias = _bias(bias, bias_fn, out_channels, out_channels * kh * kw, rng, dtype)
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.dilation = dilation
 
@@ -100,7 +120,8 @@ class Upsample(Module):
 
 
 class Embedding(Module):
-    """Look up rows of a (num_embeddings, dim) table by integer ids."""
+    """Look up rows of a (num_embeddings, dim) table by integer ids; the table is drawn from
+    N(0, 1), as ``torch.nn.Embedding``'s."""
 
     def __init__(self, num_embeddings, dim, *, rng=None, dtype=np.float32):
         super().__init__()

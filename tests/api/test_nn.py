@@ -174,13 +174,51 @@ def test_linear(mode, bias):
     check_layer(layer, linear_ref, [rng.normal(size=(2, 3, 4))], mode, name=f"linear3d{bias}")
 
 
-def test_linear_default_init_is_glorot_and_zero_bias():
-    layer = rp.nn.Linear(300, 200, rng=np.random.default_rng(0))
-    w = layer.weight.numpy()
-    assert w.dtype == np.float32 and layer.bias.numpy().tolist() == [0.0] * 200
-    limit = np.sqrt(6.0 / 500)
-    assert np.abs(w).max() <= limit and np.abs(w).max() > 0.95 * limit
-    np.testing.assert_allclose(w.std(), limit / np.sqrt(3), rtol=0.02)
+def _uniform_within(a, limit):
+    """``a`` looks drawn from U(-limit, limit): inside, reaching near the edge, its std."""
+    a = np.asarray(a, np.float64).ravel()
+    assert np.abs(a).max() <= limit and np.abs(a).max() > 0.95 * limit, (np.abs(a).max(), limit)
+    np.testing.assert_allclose(a.std(), limit / np.sqrt(3), rtol=0.05)
+
+
+@pytest.mark.parametrize("layer,fan_in", [
+    (lambda rng: rp.nn.Linear(300, 2000, rng=rng), 300),
+    (lambda rng: rp.nn.Conv2d(8, 500, 3, rng=rng), 8 * 9),
+    (lambda rng: rp.nn.ConvTranspose2d(8, 400, 2, rng=rng), 400 * 4)],
+    ids=["linear", "conv2d", "conv-transpose2d"])
+def test_default_init_is_pytorchs(layer, fan_in):
+    """Weight and bias uniform in ±1/sqrt(fan_in), as torch.nn's (kaiming_uniform_(a=sqrt(5)))."""
+    m = layer(np.random.default_rng(0))
+    assert m.weight.dtype == np.float32 and m.bias.dtype == np.float32
+    _uniform_within(m.weight.numpy(), 1 / np.sqrt(fan_in))
+    _uniform_within(m.bias.numpy(), 1 / np.sqrt(fan_in))
+
+
+def test_default_init_other_layers_and_glorot_on_request():
+    rng = np.random.default_rng(0)
+    emb = rp.nn.Embedding(1000, 64, rng=rng).weight.numpy()  # N(0, 1), as torch.nn.Embedding
+    np.testing.assert_allclose([emb.mean(), emb.std()], [0.0, 1.0], atol=0.02)
+    mha = rp.nn.MultiheadAttention(256, 4, rng=rng)  # torch: xavier in_proj, zero biases
+    _uniform_within(mha.in_proj_weight.numpy(), np.sqrt(6.0 / (256 + 768)))
+    _uniform_within(mha.out_proj.weight.numpy(), 1 / 16)
+    assert not mha.in_proj_bias.numpy().any() and not mha.out_proj.bias.numpy().any()
+    glorot = rp.nn.Linear(300, 200, rng=rng, init_fn=rp.nn.init.glorot_uniform,
+                          bias_fn=rp.nn.init.zeros)
+    assert glorot.bias.numpy().tolist() == [0.0] * 200
+    _uniform_within(glorot.weight.numpy(), np.sqrt(6.0 / 500))
+    assert rp.nn.Linear(3, 2, bias=False).bias is None
+
+
+def test_default_init_first_loss_near_ln_vocabulary():
+    """A GPT's head on LayerNorm'd features: unit-variance inputs, so its logits have variance
+    in_features * Var(w) = 1/3 with PyTorch's U(±1/sqrt(in)), and the first loss is about
+    ln(95) + 1/6 = 4.72 (Glorot's gave variance 128/159 and 5.0, the issue's report)."""
+    rng = np.random.default_rng(0)
+    model = rp.nn.Sequential(rp.nn.Embedding(95, 64, rng=rng), rp.nn.LayerNorm(64),
+                             rp.nn.Linear(64, 95, rng=rng))
+    ids = np.random.default_rng(1).integers(0, 95, 4096)
+    loss = float(rp.nn.softmax_cross_entropy(model(ids), ids).mean())
+    assert np.log(95) < loss < np.log(95) + 0.25, loss
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -537,5 +537,6 @@ def test_appending_a_block_after_compiling_traces_again(config):
     assert np.asarray(f(x)).shape == (1, 3)
     layers[1] = rp.nn.Linear(2, 2, rng=rng, dtype=np.float64)
     layers[0] = layers[1]
-    np.testing.assert_allclose(np.asarray(f(x)), x @ layers[1].weight.numpy())
+    np.testing.assert_allclose(np.asarray(f(x)),
+                               x @ layers[1].weight.numpy() + layers[1].bias.numpy())
     assert first.shape == (1, 2)

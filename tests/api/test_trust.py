@@ -156,7 +156,8 @@ def test_eval_after_compile_turns_dropout_off_and_retraces_once():
     net.eval()
     out = step(x)
     assert (out == 0).sum() == 0
-    np.testing.assert_allclose(out, x @ net.parameters()["0.weight"].numpy(), rtol=1e-5)
+    p = {n: v.numpy() for n, v in net.parameters().items()}
+    np.testing.assert_allclose(out, x @ p["0.weight"] + p["0.bias"], rtol=1e-5)
     assert step.trace_count == 2
     net.train()  # back to the first compiled step: no third trace
     assert (step(x) == 0).sum() > 0
