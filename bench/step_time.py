@@ -293,6 +293,14 @@ def torch_step(kind, params, compiled=False):
 def bench_model(kind, quick):
     import numpy as np
 
+    builders, warmup, rounds = model_builders(kind, quick)
+    return C.measure_many(builders, warmup=warmup, rounds=rounds, max_seconds=90,
+                          extra_fn=lambda name, first: {"first_loss": float(np.asarray(first))})
+
+
+def model_builders(kind, quick):
+    """{row: build() -> (step, finish)} of model ``kind``, and the warm-up and round counts
+    (also ``bench/step_time_cputime.py``'s rows)."""
     if kind == "mlp":
         sizes = (784, 128, 128, 10) if quick else MLP_SIZES
         params, x, y = mlp_init(sizes, 32 if quick else MLP_BATCH)
@@ -333,8 +341,7 @@ def bench_model(kind, quick):
         return (lambda: step(xt, yt)), lambda loss: loss.detach().numpy()
     builders["PyTorch eager"] = torch_eager
     builders["torch.compile"] = lambda: torch_eager(True)
-    return C.measure_many(builders, warmup=warmup, rounds=rounds, max_seconds=90,
-                          extra_fn=lambda name, first: {"first_loss": float(np.asarray(first))})
+    return builders, warmup, rounds
 
 
 def _bind(fn, x, y):

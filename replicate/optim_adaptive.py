@@ -39,11 +39,7 @@ checks, float32 master weights for float16/bfloat16 parameters.
 
 from __future__ import annotations
 
-import numpy as np
-
-from .dtypes import compute_dtype
 from .errors import ReplicateError
-from .state import Variable
 
 
 def _check(**values) -> None:
@@ -65,8 +61,7 @@ class AdagradRule:
                initial_accumulator_value=initial_accumulator_value)
         super().__init__(params, lr, master_weights)
         self.lr_decay, self.weight_decay, self.eps = lr_decay, weight_decay, eps
-        self.sum = [Variable(np.full(p.shape, initial_accumulator_value, compute_dtype(p.dtype)),
-                             name=f"{p.name}.sum") for p in self.params]
+        self.sum = self.slot("sum", initial_accumulator_value)
 
     def update(self, i, p, g, lr, step):
         xp = self.xp

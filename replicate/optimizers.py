@@ -15,6 +15,7 @@ from .dtypes import compute_dtype, is_low_precision
 from .errors import ReplicateError
 from .graph.core import Array, current_trace
 from .optim_adaptive import AdadeltaRule, AdagradRule
+from .optim_flat import FlatSlot, Group, Slots, groups
 from .state import Variable
 
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every optimiser (and wrapper) alive in this process
@@ -40,14 +41,23 @@ class _Traced:
 
 class _Eager:
     """... and in eager mode: the values as NumPy arrays (a Variable read through ``read``, so
-    every hook a read has still runs)."""
-    read = staticmethod(lambda var: var.read().value)
+    every hook a read has still runs; a group's slot, ``FlatSlot``, as one flat array)."""
+    read = staticmethod(lambda var: var.values() if isinstance(var, FlatSlot) else
+                        var.read().value)
     value = staticmethod(lambda x: x.value if isinstance(x, Array) else np.asarray(x))
     sqrt, power, where = staticmethod(np.sqrt), staticmethod(np.power), staticmethod(np.where)
     cast = staticmethod(lambda x, dtype: _Eager.value(x).astype(dtype, copy=False))
 
 
 _TRACED, _EAGER = _Traced, _Eager
+
+
+def elementwise(update):
+    """Mark a built-in ``update`` as elementwise: eager mode may run it on a group of
+    parameters laid end to end (``optim_flat.py``; a subclass that overrides ``update`` runs
+    per parameter)."""
+    update.elementwise = True
+    return update
 
 
 class Optimizer(TraceKeyed):
@@ -80,9 +90,9 @@ class Optimizer(TraceKeyed):
         self.master = [Variable(p.value.astype(np.float32), name=f"{p.name}.master")
                        if lo and self.master_weights else None for p, lo in zip(self.params, low)]
 
-    def slot(self, name: str) -> list[Variable]:
-        return [Variable(np.zeros(p.shape, compute_dtype(p.dtype)), name=f"{p.name}.{name}")
-                for p in self.params]
+    def slot(self, name: str, fill=0.0) -> list[Variable]:
+        return Slots(Variable(np.full(p.shape, fill, compute_dtype(p.dtype)),
+                              name=f"{p.name}.{name}") for p in self.params)
 
     def lr_at(self, step):
         """The learning rate at (traced) ``step``: a number or a schedule ``fn(step)``."""
@@ -112,21 +122,51 @@ class Optimizer(TraceKeyed):
         lr = self.lr_at(step)
         if xp is _EAGER and not isinstance(lr, (int, float)):
             lr = xp.value(rnp.as_array(lr))
-        for i, (p, g) in enumerate(zip(self.params, leaves)):
+        grads = []
+        for p, g in zip(self.params, leaves):
             g = xp.value(rnp.as_array(g))
             if g.shape != p.shape:
                 raise ReplicateError(f"gradient for {p.name} has shape {g.shape}, parameter "
                                      f"{p.shape}")
-            work = compute_dtype(p.dtype)
-            value = xp.read(p)
-            master = self.master[i]
-            if master is not None:  # the float32 copy, unless p was assigned from outside
-                m = xp.read(master)
-                value = xp.where(xp.cast(m, p.dtype) == value, m, xp.cast(value, work))
-            new = self.update(i, xp.cast(value, work), xp.cast(g, work), lr, step)
-            if master is not None:
-                master.assign(new)
-            p.assign(xp.cast(new, p.dtype))
+            grads.append(g)
+        if xp is _EAGER and getattr(type(self).update, "elementwise", False):
+            for group in self._groups():  # no loop over the parameters (optim_flat.py)
+                self._update(group, [grads[i] for i in group.index], lr, step)
+            return
+        for i, g in enumerate(grads):
+            self._update(i, [g], lr, step)
+
+    def _update(self, i, grads, lr, step) -> None:
+        """Update parameter ``i`` (or a ``Group`` of them, laid end to end) from its gradient."""
+        xp = self.xp
+        group = i if isinstance(i, Group) else None
+        params = [self.params[k] for k in group.index] if group else [self.params[i]]
+        dtype = params[0].dtype
+        work = compute_dtype(dtype)
+        if group:
+            value = group.flat([xp.read(p) for p in params], dtype)
+            g = group.flat([xp.cast(g, work) for g in grads], work)
+        else:
+            value, g = xp.read(params[0]), grads[0]
+        master = self.master[group.index[0] if group else i]
+        if master is not None:  # the float32 copy, unless p was assigned from outside
+            master = FlatSlot([self.master[k] for k in group.index], group) if group else master
+            m = xp.read(master)
+            value = xp.where(xp.cast(m, dtype) == value, m, xp.cast(value, work))
+        new = self.update(i, xp.cast(value, work), xp.cast(g, work), lr, step)
+        if master is not None:
+            master.assign(new)
+        new = xp.cast(new, dtype)
+        for p, piece in zip(params, group.split(new) if group else [new]):
+            p.assign(piece)
+
+    def _groups(self) -> list:
+        """Eager mode's groups of parameters (``optim_flat.groups``), made once."""
+        key = [(p.dtype, p.shape, m is None) for p, m in zip(self.params, self.master)]
+        cached = getattr(self, "_group_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._group_cache = (key, groups(self.params, self.master))
+        return cached[1]
 
     def update(self, i, p, g, lr, step):
         raise NotImplementedError
@@ -154,6 +194,7 @@ class SGD(Optimizer):
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
         self.velocity = self.slot("velocity") if momentum else []
 
+    @elementwise
     def update(self, i, p, g, lr, step):
         if self.weight_decay:
             g = g + self.weight_decay * p
@@ -176,6 +217,7 @@ class Adam(Optimizer):
         self.weight_decay, self.decoupled = weight_decay, decoupled_weight_decay
         self.m, self.v = self.slot("m"), self.slot("v")
 
+    @elementwise
     def update(self, i, p, g, lr, step):
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * p
@@ -232,6 +274,7 @@ class RMSProp(Optimizer):
         self.ms = self.slot("ms")
         self.mom = self.slot("mom") if momentum else []
 
+    @elementwise
     def update(self, i, p, g, lr, step):
         xp = self.xp
         ms = self.decay * xp.read(self.ms[i]) + (1 - self.decay) * g * g
@@ -246,6 +289,10 @@ class RMSProp(Optimizer):
 class Adagrad(AdagradRule, Optimizer):
     """Adagrad, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""
 
+    update = elementwise(AdagradRule.update)
+
 
 class Adadelta(AdadeltaRule, Optimizer):
     """Adadelta, PyTorch's algorithm and defaults (``replicate/optim_adaptive.py``)."""
+
+    update = elementwise(AdadeltaRule.update)

@@ -75,8 +75,8 @@ def _backward(ys: list, xs: list, y_grads: list, stop=frozenset()) -> list:
     for a in reversed(order):
         # a cotangent is used once, here (eager: its array goes now, not at the end of the pass)
         acc = cts.get(a.id) if a.id in targets else cts.pop(a.id, None)
-        if acc is None or a.node is None or not relevant[a.id]:
-            continue
+        if acc is None or a.node is None or not relevant[a.id] or a.id in stop:
+            continue  # (a value in ``stop`` is where the walk ends: its node is not entered)
         node = a.node
         spec = get(node.prim)
         if not spec.differentiable:

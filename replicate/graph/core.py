@@ -318,11 +318,15 @@ class Graph:
 # ---------------------------------------------------------------------------------------------
 # The active interpreter: a graph trace (record nodes) or none (eager: compute now).
 
-_local = threading.local()
+class _Local(threading.local):
+    trace = None  # (a class default: eager mode's lookup raises and catches nothing)
+
+
+_local = _Local()
 
 
 def current_trace():
-    return getattr(_local, "trace", None)
+    return _local.trace
 
 
 def set_trace(trace):
@@ -357,7 +361,7 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         loc = source_line(user_frame())
         shapes = ", ".join(str(a) for a in avals)
         raise ReplicateError(f"{prim}({shapes}) at {loc}: {e}") from None
-    trace = getattr(_local, "trace", None)
+    trace = _local.trace
     if trace is not None:
         inputs = tuple(trace.lift(x) for x in inputs)
         placed = None
@@ -369,10 +373,11 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
         trace.record(node)
         return out
     values = [x.value for x in inputs]
-    if any(v is None for v in values):
-        raise ReplicateError(
-            f"a traced value escaped its trace and was used at {source_line(user_frame())}; "
-            "return it from the traced function instead")
+    for v in values:
+        if v is None:
+            raise ReplicateError(
+                f"a traced value escaped its trace and was used at "
+                f"{source_line(user_frame())}; return it from the traced function instead")
     profiler = _profile.active()
     if profiler is None:
         value = IMPL[prim](*values, **attrs)
@@ -388,4 +393,4 @@ def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
     # the tape links outputs to their nodes and nodes to their inputs only: a node that pointed
     # back at its output (node.out, as in a graph) would make every eager array part of a
     # reference cycle, freed by the garbage collector some steps later instead of at once
-    return Array(aval, node=Node(prim, tuple(inputs), attrs), value=value)
+    return Array(aval, Node(prim, inputs, attrs), value)

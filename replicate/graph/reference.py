@@ -251,13 +251,16 @@ def table(xp, name: str, overrides=None) -> RuleTable:
     return RuleTable(name, rules)
 
 
+_LOW = frozenset(np.dtype(d) for d in LOW_PRECISION)
+
+
 def _widened(rule):
     """``rule`` computing in float32 when an operand is float16 or bfloat16 (NumPy has no
     bfloat16 kernels, and its float16 sums and products accumulate in float16); the caller
     rounds the result to the node's dtype — one rounding per op, as XLA does on a CPU."""
     def run(*xs, **attrs):
         for x in xs:
-            if getattr(x, "dtype", None) in LOW_PRECISION:
+            if getattr(x, "dtype", None) in _LOW:
                 xs = [x.astype(np.float32) if getattr(x, "dtype", None) in LOW_PRECISION else x
                       for x in xs]
                 break
@@ -266,7 +269,13 @@ def _widened(rule):
     return run
 
 
-IMPL = table(np, "numpy", {"matmul": _matmul_np})
+IMPL = table(np, "numpy", {  # (the ufuncs' and methods' own calls: no Python wrapper on them)
+    "matmul": _matmul_np,
+    "reduce_sum": lambda x, axes: np.add.reduce(x, axis=axes),
+    "reduce_max": lambda x, axes: np.maximum.reduce(x, axis=axes),
+    "reduce_min": lambda x, axes: np.minimum.reduce(x, axis=axes),
+    "reshape": lambda x, shape: x.reshape(shape),
+    "transpose": lambda x, perm: x.transpose(perm)})
 for _prim in IMPL:  # (what only moves data runs on float16/bfloat16 as it is; the collectives
     if _prim not in REGISTRY or not REGISTRY[_prim].moves:  # are declared after this table)
         IMPL[_prim] = _widened(IMPL[_prim])

@@ -14,6 +14,7 @@ from ..graph.attention import causal_keep
 from ..graph.core import bind
 from ..state import Variable
 from . import init
+from .eager_kernels import attention_weights
 from .layers import Linear
 from .module import Module
 
@@ -55,8 +56,11 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
         mask = rnp.as_array(mask)
         masking = "keep" if mask.dtype == np.bool_ else "add"
         masks = (mask if masking == "keep" else rnp.cast(mask, query.dtype),)
-    weights = bind("attention_weights", query, key, *masks, scale=scale,
-                   causal=bool(is_causal), masking=masking)
+    if masking == "none":  # (eager mode: one kernel)
+        weights = attention_weights(query, key, scale, bool(is_causal))
+    else:
+        weights = bind("attention_weights", query, key, *masks, scale=scale,
+                       causal=bool(is_causal), masking=masking)
     return rnp.matmul(weights, value)
 
 

@@ -76,12 +76,22 @@ def result_dtype(*xs):
         raise ReplicateError(f"no common dtype: {e}") from None
 
 
+def _plain_number(x) -> bool:
+    return type(x) is float or (type(x) is int and -2 ** 53 <= x <= 2 ** 53)
+
+
 def promote(*xs, floating=False):
     """Convert operands to Arrays of one common dtype (NumPy promotion, weak Python scalars)."""
     if len(xs) == 2 and type(xs[0]) is Array and type(xs[1]) is Array \
             and xs[0].aval.dtype == xs[1].aval.dtype \
             and (not floating or is_float(xs[0].aval.dtype)):
         return list(xs)  # the common case, kept cheap for eager mode
+    if len(xs) == 2:  # a float Array and a Python float (or exact int): its dtype (NEP 50)
+        a, b = xs
+        if type(a) is Array and _plain_number(b) and is_float(a.aval.dtype):
+            return [a, concrete(np.asarray(b, a.aval.dtype))]
+        if type(b) is Array and _plain_number(a) and is_float(b.aval.dtype):
+            return [concrete(np.asarray(a, b.aval.dtype)), b]
     dtype = result_dtype(*xs)
     if floating and not is_float(dtype):
         dtype = np.dtype(np.float64)
@@ -154,6 +164,8 @@ def float_ufunc_operands(a, b) -> list:
 
 def static_axis(a) -> int:
     """An axis argument as an int (NumPy refuses floats and strings too)."""
+    if type(a) is int:
+        return a
     if isinstance(a, bool) or not isinstance(a, (numbers.Integral, np.integer)):
         raise ReplicateError(f"an axis is an int, got {a!r}")
     return int(a)

@@ -51,9 +51,10 @@ def _accumulator(x, dtype):
     x = wide_operand(x)
     if dtype is not None:
         return cast(x, dtype)
-    if x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.signedinteger) and x.dtype.itemsize < 8):
+    kind, size = x.dtype.kind, x.dtype.itemsize  # (bfloat16's kind is "V")
+    if kind == "b" or (kind == "i" and size < 8):
         return cast(x, np.int64)
-    if np.issubdtype(x.dtype, np.unsignedinteger) and x.dtype.itemsize < 8:
+    if kind == "u" and size < 8:
         return cast(x, np.uint64)
     return x
 

@@ -69,10 +69,11 @@ def reshape(x, shape, *, copy=None):
     """Reshape; one dimension may be -1. ``copy`` (the Array API's) is moot: an Array is never
     written to, so a view is as good as a copy."""
     x = as_array(x)
-    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
-        raise ReplicateError(f"reshape: a shape is a tuple of ints, got {shape!r}")
-    shape = tuple(int(d) for d in shape)
+    if type(shape) is not tuple or not all(type(d) is int for d in shape):
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
+            raise ReplicateError(f"reshape: a shape is a tuple of ints, got {shape!r}")
+        shape = tuple(int(d) for d in shape)
     if shape.count(-1) > 1:
         raise ReplicateError(f"reshape: more than one -1 in {shape}")
     if -1 in shape:
