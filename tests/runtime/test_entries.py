@@ -75,7 +75,8 @@ def test_the_launcher_runs_a_script_from_another_folder(tmp_path):
         pytest.skip("needs mpi4py and mpiexec (mpich wheel)")
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(
-        "import replicate as rp\nprint('rank', rp.process_index(), rp.nn.Linear.__name__)\n")
+        "import sys\nimport replicate as rp\n"  # (one write a line: the ranks share the pipe)
+        "sys.stdout.write(f'rank {rp.process_index()} {rp.nn.Linear.__name__}\\n')\n")
     (tmp_path / "elsewhere").mkdir()
     result = run([sys.executable, "-m", "replicate.launch", "-n", "2", "../job/train.py"],
                  cwd=str(tmp_path / "elsewhere"), env=child_env())
