@@ -342,9 +342,8 @@ def reciprocal(x):
 
 
 def where(cond, a, b):
-    """Choose elementwise: ``a`` where ``cond`` is true, else ``b`` (broadcasting).
-
-    The traced replacement for a Python ``if`` on array values.
+    """Choose elementwise: ``a`` where ``cond`` is true, else ``b`` (broadcasting): the traced
+    replacement for a Python ``if`` on array values.
 
     >>> import replicate.numpy as rnp
     >>> x = rnp.asarray([-1.0, 2.0])
@@ -359,12 +358,14 @@ def where(cond, a, b):
 
 
 def clip(x, min=None, max=None):  # noqa: A002 - NumPy 2's and the Array API's names
-    """Clamp into ``[min, max]``; either bound may be None."""
+    """Clamp into ``[min, max]``; either bound may be None. NumPy's: ``x`` itself where it equals
+    a bound (``clip(-0.0, 0.0, 1.0)`` is -0.0), NaN for a NaN bound, ``max`` where min > max."""
     x = as_array(x)
-    if min is not None:
-        x = maximum(x, min)
-    if max is not None:
-        x = minimum(x, max)
+    for bound, beyond in ((min, less), (max, greater)):
+        if bound is not None:
+            x = where(beyond(x, bound), bound, x)
+            if not isinstance(bound, (int, float)) or bound != bound:  # (a NaN bound: NaN)
+                x = where(not_equal(bound, bound), bound, x)
     return x
 
 

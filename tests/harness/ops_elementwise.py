@@ -198,3 +198,12 @@ case("clip", lambda x, lo, hi: rnp.clip(x, -rnp.abs(lo), rnp.abs(hi)),
      In((2, 1), F64, "unit"), label="array-bounds")
 case("clip", lambda x: rnp.clip(x, 0, 2), lambda x: np.clip(x, 0, 2), In((2, 3), I32),
      label="int")
+# NumPy keeps x where it equals a bound (-0.0 stays -0.0), a NaN bound gives NaN, max wins over
+# a larger min: the sign bits read out, and every special value against every bound
+case("clip", lambda x: (rnp.signbit(rnp.clip(x * -0.0, 0.0, 1.0)),
+                        rnp.signbit(rnp.clip(x * 0.0, -1.0, -0.0))),
+     lambda x: (np.signbit(np.clip(x * -0.0, 0.0, 1.0)), np.signbit(np.clip(x * 0.0, -1.0, -0.0))),
+     In((6,), F64, "away0"), grad=False, label="signed zero")
+case("clip", lambda x, lo, hi: rnp.clip(x, lo, hi), lambda x, lo, hi: np.clip(x, lo, hi),
+     In((6, 1, 1), F64, "special"), In((1, 6, 1), F64, "special"), In((1, 1, 6), F64, "special"),
+     grad=False, label="special bounds")
