@@ -175,23 +175,4 @@ def shrink(n: int, mpi_args: list[str], environ, min_procs: int, folder: str, fa
         f"{min_procs})")
 
 
-def take_min_procs(mpi_args: list[str], n: int) -> tuple[int, list[str]]:
-    """(``--min-procs M``, default n: never fewer processes; mpiexec's options without it)."""
-    out, value, i = [], n, 0
-    while i < len(mpi_args):
-        arg = mpi_args[i]
-        if arg == "--min-procs" or arg.startswith("--min-procs="):
-            text = arg.split("=", 1)[1] if "=" in arg else (
-                mpi_args[i + 1] if i + 1 < len(mpi_args) else "")
-            if not text.isdigit() or int(text) < 1:
-                raise SystemExit(f"replicate.launch: --min-procs needs a number >= 1, got "
-                                 f"{text!r}")
-            value = int(text)
-            i += 1 if "=" in arg else 2
-            continue
-        out.append(arg)
-        i += 1
-    return value, out
-
-
-__all__ = ["hosts_of", "placement", "rank_hosts", "ranks_per_host", "shrink", "take_min_procs"]
+__all__ = ["hosts_of", "placement", "rank_hosts", "ranks_per_host", "shrink"]

@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     nprocs, module, prefix, mpi_args, script, args = parse(
         sys.argv[1:] if argv is None else list(argv))
     max_restarts, mpi_args = restart.take_options(mpi_args)
-    min_procs, mpi_args = hosts.take_min_procs(mpi_args, nprocs)
+    min_procs, mpi_args = restart.take_number(mpi_args, "--min-procs", nprocs, 1)
     env = dict(os.environ)
     share_threads(env, hosts.ranks_per_host(nprocs, mpi_args))
     gpu_environment(env)

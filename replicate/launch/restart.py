@@ -17,23 +17,29 @@ from .ending import PREFIX
 ENV = "REPLICATE_RESTART"
 
 
-def take_options(mpi_args: list[str]) -> tuple[int, list[str]]:
-    """(max restarts, mpiexec's options without the launcher's ``--max-restarts N``)."""
-    out, restarts, i = [], 0, 0
+def take_number(mpi_args: list[str], option: str, default: int, least: int = 0):
+    """(``option N`` from ``mpi_args``, default ``default``; mpiexec's options without it): the
+    launcher's own numeric options (``--max-restarts``, ``--min-procs``) among mpiexec's."""
+    out, value, i = [], default, 0
     while i < len(mpi_args):
         arg = mpi_args[i]
-        if arg == "--max-restarts" or arg.startswith("--max-restarts="):
-            value = arg.split("=", 1)[1] if "=" in arg else (
+        if arg == option or arg.startswith(option + "="):
+            text = arg.split("=", 1)[1] if "=" in arg else (
                 mpi_args[i + 1] if i + 1 < len(mpi_args) else "")
-            if not value.isdigit():
-                raise SystemExit(f"replicate.launch: --max-restarts needs a number >= 0, got "
-                                 f"{value!r}")
-            restarts = int(value)
+            if not text.isdigit() or int(text) < least:
+                raise SystemExit(f"replicate.launch: {option} needs a number >= {least}, got "
+                                 f"{text!r}")
+            value = int(text)
             i += 1 if "=" in arg else 2
             continue
         out.append(arg)
         i += 1
-    return restarts, out
+    return value, out
+
+
+def take_options(mpi_args: list[str]) -> tuple[int, list[str]]:
+    """(max restarts, mpiexec's options without the launcher's ``--max-restarts N``)."""
+    return take_number(mpi_args, "--max-restarts", 0)
 
 
 def describe(cause: dict | None) -> str:

@@ -164,50 +164,59 @@ def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_o
     assert "ranks [1] left no record here" in result.stderr, report(result)
 
 
-@needs_cluster
-def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster, tmp_path):
-    """Two hosts, one rank each, ``num_replicas=2``: host 1 dies (every process on it killed)
-    after step 7. Under ``--max-restarts 1 --min-procs 1`` the launcher finds it does not answer,
-    leaves it out and starts the job again on host 0 alone (2 replicas in one process), which
-    resumes from the shared checkpoint and ends where an uninterrupted run ends, to 1e-12."""
+
+def _run_and_act(c, args, env, marker, act):
+    """``python -m replicate.launch ARGS`` on host 0, read as it runs: ``act()`` once, when a line
+    of its output starts with ``marker``. Returns (exit code, stdout, stderr, seconds from the
+    act to the end)."""
     import subprocess
     import threading
+    import time
 
-    c = cluster(2)
-    ck = os.path.join(c.folder, "ck", "s-{step:03d}.npz")
-    out, full = os.path.join(c.folder, "job.npz"), str(tmp_path / "full.npz")
-    one_host(2, "faults_resume.py", full, "--steps", "16", "--num-replicas", "2")
-    cmd = c.enter(0, PROGRAMS) + [
-        sys.executable, "-m", "replicate.launch", "-n", "2", "-f", c.hostfile(),
-        "--max-restarts", "1", "--min-procs", "1", "faults_resume.py", out, "--steps", "16",
-        "--num-replicas", "2", "--auto", "--ckpt", ck, "--every", "3", "--sleep", "0.3"]
-    proc = subprocess.Popen(cmd, env=c.env(child_env()), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines, errors = [], []
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", *args]
+    proc = subprocess.Popen(cmd, env=c.env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    lines, errors, acted = [], [], []
     reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
     reader.start()
     try:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("rank 1 step 7") and len(c.holders) and not getattr(
-                    proc, "killed_host", False):
-                c.kill_host(1)
-                proc.killed_host = True
+            if line.startswith(marker) and not acted:
+                act()
+                acted.append(time.monotonic())
         proc.wait(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
     reader.join(5)
-    text = f"exit {proc.returncode}\n--- stdout\n{''.join(lines)}\n--- stderr\n{''.join(errors)}"
-    assert getattr(proc, "killed_host", False), text
-    assert proc.returncode == 0, text
-    stderr = "".join(errors)
+    out, err = "".join(lines), "".join(errors)
+    assert acted, f"{marker!r} never printed\n--- stdout\n{out}\n--- stderr\n{err}"
+    return proc.returncode, out, err, time.monotonic() - acted[0]
+
+
+@needs_cluster
+def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster, tmp_path):
+    """Two hosts, one rank each, ``num_replicas=2``: host 1 dies (every process on it killed)
+    after step 7. Under ``--max-restarts 1 --min-procs 1`` the launcher finds it does not answer,
+    leaves it out and starts the job again on host 0 alone (2 replicas in one process), which
+    resumes from the shared checkpoint and ends where an uninterrupted run ends, to 1e-12."""
+    c = cluster(2)
+    ck = os.path.join(c.folder, "ck", "s-{step:03d}.npz")
+    out, full = os.path.join(c.folder, "job.npz"), str(tmp_path / "full.npz")
+    one_host(2, "faults_resume.py", full, "--steps", "16", "--num-replicas", "2")
+    code, stdout, stderr, _ = _run_and_act(c, [
+        "-n", "2", "-f", c.hostfile(), "--max-restarts", "1", "--min-procs", "1",
+        "faults_resume.py", out, "--steps", "16", "--num-replicas", "2", "--auto", "--ckpt", ck,
+        "--every", "3", "--sleep", "0.3"], child_env(), "rank 1 step 7", lambda: c.kill_host(1))
+    text = f"exit {code}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    assert code == 0, text
     assert "restart 1 of 1: the job failed on another host: ranks [1] left no record here" \
         in stderr, text  # (not rank 0, which mpiexec ended)
     assert "host(s) node1 do not answer: left out; the job goes on with 1 of 2 processes" \
         in stderr, text
-    assert "rank 0 resumed at step 6" in "".join(lines), text
+    assert "rank 0 resumed at step 6" in stdout, text
     got, want = dict(np.load(out)), dict(np.load(full))
     assert int(got["_step"]) == int(want["_step"]) == 16
     for key in want:
@@ -220,38 +229,15 @@ def test_a_cut_link_ends_the_job_within_the_silence_bound_naming_the_host(cluste
     """The link of host 1 goes down mid-training: its ranks run on but reach nobody. The hosts'
     heartbeats stop arriving, and within ``REPLICATE_HOST_SILENCE`` seconds (4 here) rank 0 names
     the silent host and its ranks and ends the job — long before the collective timeout."""
-    import subprocess
-    import threading
-    import time
-
     c = cluster(2)
     out = os.path.join(c.folder, "job.npz")
-    cmd = c.enter(0, PROGRAMS) + [
-        sys.executable, "-m", "replicate.launch", "-n", "2", "-f", c.hostfile(),
-        "faults_resume.py", out, "--steps", "400", "--sleep", "0.1"]
     env = child_env(REPLICATE_HOST_SILENCE=4, REPLICATE_COLLECTIVE_TIMEOUT=60)  # (a bound)
-    proc = subprocess.Popen(cmd, env=c.env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    lines, errors, cut = [], [], []
-    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
-    reader.start()
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("rank 1 step 3") and not cut:
-                c.cut_link(1)
-                cut.append(time.monotonic())
-        proc.wait(timeout=TIMEOUT)
-        ended = time.monotonic()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    reader.join(5)
-    text = f"exit {proc.returncode}\n--- stdout\n{''.join(lines)}\n--- stderr\n{''.join(errors)}"
-    assert cut and proc.returncode != 0, text
-    assert "[replicate] rank 0: host node1 (ranks [1]) has been silent for " in "".join(errors) \
-        and "(REPLICATE_HOST_SILENCE=4): a cut link, or the host stopped" in "".join(errors), text
-    assert ended - cut[0] < 4 + 20, f"ended {ended - cut[0]:.1f} s after the cut\n{text}"
+    code, stdout, stderr, after = _run_and_act(
+        c, ["-n", "2", "-f", c.hostfile(), "faults_resume.py", out, "--steps", "400",
+            "--sleep", "0.1"], env, "rank 1 step 3", lambda: c.cut_link(1))
+    text = f"exit {code}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    assert code != 0, text
+    assert "[replicate] rank 0: host node1 (ranks [1]) has been silent for " in stderr \
+        and "(REPLICATE_HOST_SILENCE=4): a cut link, or the host stopped" in stderr, text
+    assert after < 4 + 20, f"ended {after:.1f} s after the cut\n{text}"
     assert not os.path.exists(out), text

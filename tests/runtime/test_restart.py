@@ -190,8 +190,10 @@ def test_hosts_ranks_per_host_and_the_hosts_left_out(tmp_path):
         "-l", "--hosts", "a,c", "-bind-to", "core"]
     args = hosts.without(["-f", str(hostfile)], {"a"}, str(tmp_path))
     assert args[0] == "-f" and open(args[1]).read() == "b:2\n"
-    assert hosts.take_min_procs(["-l", "--min-procs", "2"], 4) == (2, ["-l"])
-    assert hosts.take_min_procs(["-l"], 4) == (4, ["-l"])
+    assert restart.take_number(["-l", "--min-procs", "2"], "--min-procs", 4, 1) == (2, ["-l"])
+    assert restart.take_number(["-l"], "--min-procs", 4, 1) == (4, ["-l"])
+    with pytest.raises(SystemExit, match="--min-procs needs a number >= 1, got '0'"):
+        restart.take_number(["--min-procs=0"], "--min-procs", 4, 1)
     # a launcher program that reaches host a and not b (as hydra's ssh would be called)
     shim = tmp_path / "shim"
     shim.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
@@ -266,7 +268,7 @@ def test_the_startup_timeout_is_read_from_the_environment():
     assert startup.timeout({"REPLICATE_STARTUP_TIMEOUT": "0"}) == 0.0
     assert startup.timeout({"REPLICATE_STARTUP_TIMEOUT": " 2.5 "}) == 2.5
     for bad in ("soon", "-1", "nan"):
-        with pytest.raises(ReplicateError, match="REPLICATE_STARTUP_TIMEOUT=.*expected a number"):
+        with pytest.raises(ReplicateError, match="REPLICATE_STARTUP_TIMEOUT=.*seconds >= 0"):
             startup.timeout({"REPLICATE_STARTUP_TIMEOUT": bad})
 
 

@@ -25,17 +25,23 @@ PERIOD = 2.0
 TAG = 30004
 
 
-def silence(environ=None) -> float:
-    text = (os.environ if environ is None else environ).get(ENV, "").strip()
+def env_seconds(name: str, default: float, environ=None) -> float:
+    """Seconds from the environment variable ``name`` (``default`` when unset; 0: off), or a
+    ``ReplicateError`` that names it."""
+    text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
-        return DEFAULT
+        return default
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise ReplicateError(f"{ENV}={text!r}: expected a number of seconds >= 0 (0: off)")
+    if not value >= 0:  # (NaN too)
+        raise ReplicateError(f"{name}={text!r}: expected a number of seconds >= 0 (0: off)")
     return value
+
+
+def silence(environ=None) -> float:
+    return env_seconds(ENV, DEFAULT, environ)
 
 
 class Heartbeat:
@@ -79,4 +85,4 @@ class Heartbeat:
         self.heard[source] = time.monotonic()
 
 
-__all__ = ["DEFAULT", "ENV", "Heartbeat", "silence"]
+__all__ = ["DEFAULT", "ENV", "Heartbeat", "env_seconds", "silence"]

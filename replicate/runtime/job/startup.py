@@ -23,8 +23,8 @@ import os
 import subprocess
 import sys
 
-from ...errors import ReplicateError
 from . import status
+from .heartbeat import env_seconds
 
 ENV = "REPLICATE_STARTUP_TIMEOUT"
 DEFAULT = 120.0
@@ -33,16 +33,7 @@ WATCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_watc
 
 def timeout(environ=None) -> float:
     """Seconds a rank waits in MPI start-up (0: no bound)."""
-    text = (os.environ if environ is None else environ).get(ENV, "").strip()
-    if not text:
-        return DEFAULT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value != value:
-        raise ReplicateError(f"{ENV}={text!r}: expected a number of seconds >= 0 (0: no bound)")
-    return value
+    return env_seconds(ENV, DEFAULT, environ)
 
 
 class _Watch:
