@@ -1,10 +1,12 @@
 """Worker pieces the multi-process benchmarks share (``weak_scaling.py``, ``multihost.py``,
-``conv_gan.py``): the MLP training step of ``step_time.py`` as a ``Replicator``, gloo's process
-group for PyTorch's DDP rows, and the DDP twin of that MLP step."""
+``conv_gan.py``, ``memory.py``): the MLP training step of ``step_time.py`` as a ``Replicator``,
+gloo's process group for PyTorch's DDP rows, the DDP twin of that MLP step, and the timed rounds
+(the slowest rank's time per step)."""
 
 from __future__ import annotations
 
 import socket
+import time
 
 from step_time import LR, mlp_sizes, torch_model
 
@@ -75,3 +77,18 @@ def ddp_mlp(comm, params, x, y, address: str = "127.0.0.1"):
             opt.step()
         return None if loss is None else float(loss.detach())
     return run
+
+
+def timed_rounds(comm, run, steps: int, rounds: int) -> list[float]:
+    """Seconds per step of each of ``rounds`` rounds of ``run(steps)``, the slowest rank's (a
+    barrier before and after each round), the same on every rank."""
+    from mpi4py import MPI
+
+    times = []
+    for _ in range(rounds):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(steps)
+        comm.Barrier()
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps)
+    return times

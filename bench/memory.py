@@ -34,11 +34,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _workers import timed_rounds  # noqa: E402
 
 SIZES = (2048, 4096, 4096, 4096, 2048)
 QUICK = (64, 256, 256, 64)
@@ -179,13 +179,7 @@ def worker(args):
             run, state = torch_row(comm, params, x, y, kind)
         del params
         run(2)  # warm-up (and the one trace)
-        times = []
-        for _ in range(args.rounds):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            run(args.steps)
-            comm.Barrier()
-            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / args.steps)
+        times = timed_rounds(comm, run, args.steps, args.rounds)
         out["step_s"] = statistics.median(times)
         out["state_bytes"] = comm.gather(state(), root=0)
     except Exception as e:  # noqa: BLE001 - the row says why, the others still run

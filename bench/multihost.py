@@ -28,14 +28,13 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import _common as C  # noqa: E402
-from _workers import ddp_mlp, replicate_mlp  # noqa: E402
+from _workers import ddp_mlp, replicate_mlp, timed_rounds  # noqa: E402
 from step_time import MLP_SIZES, mlp_init  # noqa: E402
 
 BATCH = 256
@@ -83,13 +82,7 @@ def worker(args):
         if rank == 0:
             C.write_worker_json(args.json, {"digests": digests})
         return
-    times = []
-    for _ in range(args.rounds):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        run(args.steps)
-        comm.Barrier()
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / args.steps)
+    times = timed_rounds(comm, run, args.steps, args.rounds)
     if rank == 0:
         C.write_worker_json(args.json, {"median": statistics.median(times), "min": min(times),
                                         "max": max(times), "n": len(times)})

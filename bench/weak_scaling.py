@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
-from _workers import ddp_mlp, replicate_mlp  # noqa: E402
+from _workers import ddp_mlp, replicate_mlp, timed_rounds  # noqa: E402
 from step_time import (  # noqa: E402
     LR,
     MLP_SIZES,
@@ -120,13 +120,7 @@ def worker(args):
         run = replicate_mlp(params, x, y, mode=mode,
                             backend=args.row.split()[-1].strip("()"))[0]
     run(3)  # warm-up (and the one trace)
-    times = []
-    for _ in range(rounds):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        run(steps)
-        comm.Barrier()
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps)
+    times = timed_rounds(comm, run, steps, rounds)
     if rank == 0:
         timing = C.Timing(statistics.median(times), min(times), max(times), len(times))
         C.write_worker_json(args.json, {"name": args.row, "timing": timing, "note": ""})
