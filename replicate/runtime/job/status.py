@@ -18,6 +18,7 @@ opened through a link (``own_folder``, ``O_NOFOLLOW``).
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import socket
@@ -94,28 +95,45 @@ def open_record(rank) -> Record | None:
     return _RECORD
 
 
-_LINK: list = []  # the connection to the launcher, kept open until the process ends
+_LINK: list = []  # the connection to the launcher (a descriptor), kept open to the end
 
 
 def _connect(path: str, rank) -> None:
     """Tell the launcher this process is rank ``rank``; the kernel closes the connection when
     the process ends, however it ends (the launcher learns which rank ended first)."""
     try:
-        link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        link.connect(path)
-        link.sendall(f"{int(rank)}\n".encode())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+            link.connect(path)
+            link.sendall(f"{int(rank)}\n".encode())
+            _LINK.append(_above_pmi(link.fileno()))
     except OSError:
         return
-    _LINK.append(link)
     os.register_at_fork(after_in_child=_forget)
+
+
+def _above_pmi(link: int) -> int:
+    """A duplicate of ``link`` (the caller closes its own) numbered above hydra's PMI
+    connection (``PMI_FD``), so that this connection is released after the link when the
+    process ends: hydra kills the other ranks the moment the PMI connection closes, and the
+    launcher must see this rank's link close before theirs to name it. A dead process's files
+    are released through task work, which Linux (5.x and later) runs last-queued first, and they
+    are queued in descriptor order: the higher descriptor is released first. (With the link
+    below ``PMI_FD``, as inherited descriptors made it, hydra's kill raced this rank's own
+    release, and the launcher named a rank hydra killed in about half the runs.)"""
+    try:
+        pmi = int(os.environ.get("PMI_FD", ""))
+        os.fstat(pmi)
+    except (ValueError, OSError):
+        pmi = 0
+    return fcntl.fcntl(link, fcntl.F_DUPFD_CLOEXEC, pmi + 1)
 
 
 def _forget() -> None:
     """In a forked child (an input worker): the record and the link are the parent's."""
     global _RECORD
     _RECORD = None
-    for link in _LINK:
-        link.close()
+    for fd in _LINK:
+        os.close(fd)
     _LINK.clear()
 
 

@@ -62,7 +62,8 @@ def wait(go: str) -> None:
     from replicate.runtime.communication.comm import world
 
     comm = world()
-    print("ready", comm.rank, os.getpid(), os.environ.get("REPLICATE_LAUNCH_DIR"), flush=True)
+    sys.stdout.write(f"ready {comm.rank} {os.getpid()} {os.environ.get('REPLICATE_LAUNCH_DIR')}\n")
+    sys.stdout.flush()  # (one write: two ranks share the pipe)
     deadline = time.monotonic() + 60
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.05)

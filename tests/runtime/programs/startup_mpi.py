@@ -50,6 +50,22 @@ rank = rp.runtime.communication.comm.world().rank
 assert rank == ME
 say(f"rank {rank} mpich-shm-mapped: {' '.join(rp.runtime.job.mpi_shm.mapped())}")
 
+if CASE == "pmi-order":  # the launcher's link is released before hydra's PMI connection
+    def sockets():
+        out = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                out.setdefault(os.readlink(f"/proc/self/fd/{fd}"), []).append(int(fd))
+            except OSError:
+                pass
+        return out
+    held = sockets()
+    pmi = held[os.readlink(f"/proc/self/fd/{os.environ['PMI_FD']}")]
+    link = held[os.readlink(f"/proc/self/fd/{rp.runtime.job.status._LINK[0]}")]
+    good = len(link) == 1 and max(pmi) < link[0]
+    say(f"rank {rank} pmi-order {'ok' if good else 'WRONG'}: pmi {sorted(pmi)} link {link}")
+    sys.exit(0)
+
 if CASE == "raise-after-import" and rank == RANK:
     raise ValueError(f"rank {rank} broke before its Replicator")  # MARK after-import
 
