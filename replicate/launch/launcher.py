@@ -40,7 +40,7 @@ import tempfile
 import time
 
 from ..runtime.job import mpi_shm, status
-from . import hosts, restart
+from . import hosts, remote, restart
 from .ending import PREFIX, _at, culprit, verdict
 
 GRACE = 2.0  # seconds mpiexec has to end the job itself after a rank is gone
@@ -218,11 +218,12 @@ class Exits:
 
 
 def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
-              stopped=None) -> tuple:
+              stopped=None, others=dict) -> tuple:
     """Wait for ``mpiexec``; end it if a rank is gone and it has not ended the job within
     ``GRACE`` seconds (a rank that failed before MPI was up leaves the others waiting in MPI's
     start-up). Returns the job's exit code and, for a failed job, the rank that ended it
-    (``ending.culprit``)."""
+    (``ending.culprit``). ``others()``: the records of ranks on other hosts, fetched once the
+    job has ended (``remote.fetch``)."""
     gone_since = None
     while proc.poll() is None:
         try:
@@ -248,7 +249,7 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
             return 1, {"rank": r, "host": rec["host"], "step": rec["step"], "why": rec["why"]
                        or "gone, and mpiexec did not end the job"}
     exits.wait(0)
-    records = status.read(folder)
+    records = {**others(), **status.read(folder)}
     code, message = verdict(proc.returncode, records, n, exits.first(), exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
@@ -358,7 +359,8 @@ def main(argv=None) -> int:
                 if not job["n"]:
                     return 1, None
         cmd = command(job["n"], script, args, module, job["mpi"])
-        code, cause = _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped)
+        code, cause = _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped,
+                               job["mpi"])
         placed = hosts.rank_hosts(job["n"], job["mpi"])
         ranks = cause["rank"] if cause and isinstance(cause["rank"], list) else [
             cause["rank"]] if cause else []
@@ -369,7 +371,7 @@ def main(argv=None) -> int:
         return restart.run(attempt, max_restarts, lambda: bool(stopped))
 
 
-def _attempt(cmd, env, nprocs, stopped) -> tuple:
+def _attempt(cmd, env, nprocs, stopped, mpi_args=()) -> tuple:
     """Run the job once: (exit code, the rank that ended it or None)."""
     remove_dead_folders()
     folder, lock = make_folder()
@@ -383,7 +385,8 @@ def _attempt(cmd, env, nprocs, stopped) -> tuple:
             proc.send_signal(signal.SIGTERM)
         previous = signal.signal(signal.SIGTERM, forward)
         try:
-            return supervise(proc, folder, nprocs, exits, stopped=stopped)
+            return supervise(proc, folder, nprocs, exits, stopped=stopped,
+                             others=lambda: remote.fetch(folder, mpi_args, env, nprocs))
         finally:
             signal.signal(signal.SIGTERM, previous)
             exits.close()

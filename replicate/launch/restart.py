@@ -45,9 +45,13 @@ def take_options(mpi_args: list[str]) -> tuple[int, list[str]]:
 def describe(cause: dict | None) -> str:
     if cause is None:
         return "the job failed (no rank's record says which ended it)"
+    if isinstance(cause["rank"], list) and cause["host"]:
+        return (f"the job failed on another host: ranks {cause['rank']} on {cause['host']} "
+                "ended without a report (killed by a signal, or exit() below Python), and "
+                "which rank ended first is not known across hosts")
     if isinstance(cause["rank"], list):
         return (f"the job failed on another host: ranks {cause['rank']} left no record here "
-                "(their own lines above say why)")
+                "(their host did not answer; their own lines above say why)")
     step = "before its first step" if cause["step"] is None else f"at step {cause['step']}"
     why = cause["why"] or "it ended without a report (killed by a signal, or exit() below Python)"
     return f"rank {cause['rank']} on {cause['host'] or '?'} failed {step}: {why}"

@@ -151,9 +151,9 @@ def test_two_level_all_reduce_sends_one_buffer_per_host(cluster):
 @needs_cluster
 def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_one(cluster):
     """Rank 1, on the second host, raises: its traceback reaches the launcher's output through
-    mpiexec, the job exits non-zero, and the launcher — which sees only the records of the ranks
-    on its own host — names the ranks it could not judge instead of blaming rank 0, which
-    mpiexec ended."""
+    mpiexec, the job exits non-zero, and the launcher — which fetches rank 1's record from its
+    host — finds that rank 1 said why and adds nothing; it does not blame rank 0, which mpiexec
+    ended (before the records were fetched: ``ranks [1] left no record here``)."""
     c = cluster(2)
     cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "--hosts",
                                   ",".join(c.names), "failures_mpi.py", "input-raises"]
@@ -161,8 +161,28 @@ def test_a_failure_on_another_host_is_reported_by_that_rank_not_blamed_on_this_o
     assert result.returncode != 0, report(result)
     assert "input failed on rank 1" in result.stderr, report(result)
     assert "rank 0 ended first" not in result.stderr, report(result)
-    assert "ranks [1] left no record here" in result.stderr, report(result)
+    assert "[replicate.launch]" not in result.stderr, report(result)
 
+
+
+@needs_cluster
+def test_a_rank_on_another_host_is_named_with_its_step_and_line_and_its_folder_removed(cluster):
+    """Rank 1, on host 1, raises at step 4 on every attempt: its record, kept on host 1 and
+    fetched by the launcher when each attempt has ended, names it in the restart log with its
+    host, step and line, and the second attempt's same failure stops the restarts (before: ``ranks
+    [1] left no record here``, and no line to compare). No launcher folder is left on host 1."""
+    c = cluster(2)
+    out = os.path.join(c.folder, "job.npz")
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "-f",
+                                  c.hostfile(), "--max-restarts", "1", "faults_resume.py", out,
+                                  "--steps", "8", "--raise-at", "4"]
+    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    text = report(result)
+    assert result.returncode != 0, text
+    assert "[replicate.launch] restart 1 of 1: rank 1 on node1 failed at step 4: ValueError: " \
+        "boom at step 4; starting the job again" in result.stderr, text
+    assert "left no record" not in result.stderr, text
+    assert c.shell(1, "ls -d /tmp/replicate-launch-* 2>/dev/null || :") == ""
 
 
 def _run_and_act(c, args, env, marker, act):

@@ -169,9 +169,17 @@ def test_the_culprit_is_the_rank_that_said_why_else_the_one_that_ended_first():
     records = {0: rec(status.RUNNING, 4), 1: rec(status.FAILED, 3, "KeyError: 'x'", "b")}
     assert culprit(records) == {"rank": 1, "host": "b", "step": 3, "why": "KeyError: 'x'"}
     records = {0: rec(status.RUNNING, 4), 1: rec(status.RUNNING, 3), 2: rec(status.DONE, 9)}
-    assert culprit(records, first=0)["rank"] == 0
-    assert culprit(records, together=[0, 1])["rank"] == 1  # behind the others
-    assert culprit(records) is None
+    assert culprit(records, first=0, here="h")["rank"] == 0
+    assert culprit(records, together=[0, 1], here="h")["rank"] == 1  # behind the others
+    assert culprit(records, here="h") is None
+    # rank 1 ran on host b: the order seen on h says nothing about it; its step does
+    records[1] = rec(status.RUNNING, 3, host="b")
+    assert culprit(records, first=0, here="h")["rank"] == 1
+    records[1] = rec(status.RUNNING, 4, host="b")  # not behind: the other host's ranks, unsure
+    assert culprit(records, first=0, here="h") == {"rank": [1], "host": "b", "step": None,
+                                                   "why": ""}
+    assert restart.describe(culprit(records, first=0, here="h")).startswith(
+        "the job failed on another host: ranks [1] on b ended without a report")
 
 
 def test_hosts_ranks_per_host_and_the_hosts_left_out(tmp_path):
@@ -228,11 +236,16 @@ def test_a_rank_on_another_host_is_named_not_the_one_here_that_mpiexec_ended():
     def rec(state, step):
         return {"pid": 1, "state": state, "code": 0, "step": step, "host": "h0", "why": ""}
 
-    cause = culprit({0: rec(status.RUNNING, 7)}, first=0, n=2)
+    cause = culprit({0: rec(status.RUNNING, 7)}, first=0, n=2, here="h0")
     assert cause["rank"] == [1]
     assert restart.describe(cause).startswith("the job failed on another host: ranks [1]")
     said = {0: dict(rec(status.FAILED, 7), why="ValueError: x")}
-    assert culprit(said, first=0, n=2)["rank"] == 0  # it said why itself
+    assert culprit(said, first=0, n=2, here="h0")["rank"] == 0  # it said why itself
+    # rank 1's record fetched from its host (``launch/remote.py``): its own line names it
+    fetched = {**said, 1: dict(rec(status.FAILED, 7), host="h1", why="KeyError: 'w'")}
+    fetched[0] = rec(status.RUNNING, 7)
+    assert culprit(fetched, first=0, n=2, here="h0") == {
+        "rank": 1, "host": "h1", "step": 7, "why": "KeyError: 'w'"}
 
 
 @_mpi

@@ -305,12 +305,15 @@ def test_the_bootstrap_refuses_what_it_cannot_run(tmp_path):
 
 # -- the launcher's verdict (no processes) ----------------------------------------------------
 def test_the_launchers_verdict_from_the_ranks_records():
-    from replicate.launch import verdict
+    import functools
+
+    from replicate.launch import verdict as verdict_on
     from replicate.runtime.job import status
 
     def rec(state, step):
         return {"pid": 1, "state": state, "code": 0, "step": step, "host": "h"}
 
+    verdict = functools.partial(verdict_on, here="h")  # (every rank ran on this host)
     done = {0: rec(status.DONE, 6), 1: rec(status.DONE, 6)}
     assert verdict(0, done, 2) == (0, None)
     assert verdict(3, done, 2) == (3, None)  # mpiexec's own failure stands
@@ -344,6 +347,15 @@ def test_the_launchers_verdict_from_the_ranks_records():
     assert "ranks [0, 1, 2] exited early (code 0)" in text, text
     code, text = verdict(0, three, 3, first=None, together=[0, 2])  # rank 1 not among them
     assert "ranks [0, 1, 2] exited early (code 0)" in text, text
+    # rank 1 ran on another host (its record fetched): rank 0 here ended first, but that
+    # says nothing about rank 1; rank 1 is behind, so it is named, with its host
+    away = {**three, 1: dict(three[1], host="g")}
+    code, text = verdict(9, away, 3, first=0, together=[0])
+    assert "rank 1 on g ended first, at step 3, without finishing" in text, text
+    assert "ranks [0, 1, 2] ended on several hosts; rank 1 is the one" in text, text
+    code, text = verdict(9, {**away, 1: dict(away[1], step=4)}, 3, first=0, together=[0])
+    assert "ranks [0, 1, 2] ended without finishing: rank 0 on h at step 4, rank 1 on g at " \
+        "step 4" in text and "(which one is not known across hosts)" in text, text
 
 
 def test_status_records_round_trip(tmp_path, monkeypatch):
@@ -358,6 +370,36 @@ def test_status_records_round_trip(tmp_path, monkeypatch):
     assert list(found) == [3]
     assert (found[3]["state"], found[3]["code"], found[3]["step"], found[3]["pid"]) == \
         (status.DONE, 0, 41, os.getpid())
+
+
+def test_a_rank_on_another_host_keeps_its_record_there_for_the_launcher_to_fetch(tmp_path):
+    """A rank whose launcher folder is missing on its host makes it (private) and keeps its
+    record there; ``python -m replicate.launch.remote FOLDER`` prints the records as JSON lines
+    and removes the folder — but not a folder a launcher holds, nor one that is not the user's."""
+    from replicate.launch import remote
+    from replicate.runtime.job import status
+
+    folder = tmp_path / "replicate-launch-elsewhere"
+    code = ("from replicate.runtime.job import status; status.open_record(3); status.set_step(12);"
+            "status.set_reason('Traceback...\\n[rank 3] KeyError: 7'); "
+            "status.set_state(status.FAILED, 1)")
+    run([sys.executable, "-c", code], env=child_env(REPLICATE_LAUNCH_DIR=str(folder)), check=True)
+    assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+    result = run([sys.executable, "-m", "replicate.launch.remote", str(folder)], check=True)
+    got = remote.parse("a login banner\n" + result.stdout)
+    assert list(got) == [3] and got[3]["step"] == 12 and got[3]["why"] == "KeyError: 7", got
+    assert got[3]["state"] == status.FAILED and got[3]["host"] and not folder.exists()
+    held = tmp_path / "held"  # a launcher's own folder: read, not removed
+    held.mkdir(mode=0o700)
+    status.Record(str(held / "rank-0"))
+    (held / remote.LOCK).write_text("")
+    assert remote.main([str(held)]) == 0 and held.exists()
+    shared = tmp_path / "shared"  # writable by others: neither read nor removed
+    shared.mkdir()
+    shared.chmod(0o777)
+    status.Record(str(shared / "rank-0"))
+    result = run([sys.executable, "-m", "replicate.launch.remote", str(shared)], check=True)
+    assert result.stdout == "" and shared.exists()
 
 
 @mpi

@@ -11,8 +11,9 @@ record: a rank that is not ``DONE`` left early, whatever ``mpiexec`` returned. E
 holds a connection to the launcher's socket in that folder, which the kernel closes when the
 process ends: the order of the closes tells the rank that left from those mpiexec then killed.
 
-A rank on another machine whose folder is not shared writes no record and is not judged. A
-folder that is a link, another user's, or writable by others gets no record, and no record is
+A rank on another host makes a folder of the same path there (private to the user) and keeps its
+record in it; the launcher fetches those records when the job has ended (``launch/remote.py``).
+A folder that is a link, another user's, or writable by others gets no record, and no record is
 opened through a link (``own_folder``, ``O_NOFOLLOW``).
 """
 
@@ -83,9 +84,14 @@ def own_folder(folder) -> bool:
 
 def open_record(rank) -> Record | None:
     """This process's record in the launcher's folder, once per process; None when not started
-    by ``replicate.launch`` (no folder), or the folder is not on this machine."""
+    by ``replicate.launch`` (no folder), or the folder is not the user's own."""
     global _RECORD
     folder = os.environ.get(ENV)
+    if _RECORD is None and folder and not os.path.lexists(folder):
+        try:  # another host than the launcher's: the folder is made here (``launch/remote.py``)
+            os.mkdir(folder, 0o700)
+        except OSError:
+            pass
     if _RECORD is None and folder and own_folder(folder):
         try:
             _RECORD = Record(os.path.join(folder, f"rank-{int(rank)}"))
