@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank is not None:
         status.open_record(rank)
     comm = _start(rank)
+    whole_lines()
     if os.environ.get(PREFIX_ENV) == "1":
         prefix_output(comm.rank)
     if script is not None:
@@ -128,6 +129,18 @@ class _Prefixed:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def whole_lines() -> None:
+    """Each line reaches ``mpiexec`` in one write, so the ranks' lines do not break into each
+    other on the shared terminal (``rank 0 step 7rank 1 step 7``): stdout and stderr
+    line-buffered. Under ``PYTHONUNBUFFERED`` (write-through) ``print`` writes its text and the
+    newline apart; a line is still written the moment it ends."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError, OSError):  # (not a TextIOWrapper: replaced by the user)
+            pass
 
 
 def prefix_output(rank) -> None:

@@ -162,6 +162,20 @@ def test_exit_0_below_python_is_caught_by_the_launcher(n):
                "script" in text, text
 
 
+@pytest.mark.parametrize("launcher", [True, False])
+@mpi
+def test_the_ranks_lines_reach_the_terminal_whole(launcher):
+    """Two ranks print 2000 lines each at once with ``print(a, b, c)`` under PYTHONUNBUFFERED
+    (its pieces are separate writes): every line arrives whole (before: ``line 0 5line 1 5``)."""
+    import re
+
+    result = job("lines", launcher=launcher)
+    assert result.returncode == 0, report(result)
+    lines = [x for x in result.stdout.splitlines() if "mpich-shm-mapped" not in x]
+    broken = [x for x in lines if not re.fullmatch(r"line [01] \d+", x)]
+    assert not broken and len(lines) == 4000, (len(lines), broken[:5])
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs Linux's /proc/self/fd")
 @mpi
 def test_the_launchers_link_is_numbered_above_hydras_pmi_connection():

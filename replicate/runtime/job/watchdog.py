@@ -28,6 +28,7 @@ import time
 
 from ...errors import ReplicateError, source_line
 from . import heartbeat, status
+from .stall_words import _at_step, _describe_peer, _exited_early
 
 ENV = "REPLICATE_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
@@ -123,12 +124,6 @@ _EXIT_CODE: list = []  # this process's exit code, once known (for the goodbye)
 def note_exit(code: int) -> None:
     """This process is about to exit with ``code`` (its peers are told, with its step)."""
     _EXIT_CODE[:] = [int(code)]
-
-
-def _at_step(step, phase) -> str:
-    if step is None:
-        return ""
-    return f" at step {step}" + (f" ({phase})" if phase else "")
 
 
 def user_line(frame) -> str:
@@ -339,34 +334,23 @@ class Watchdog:
             except Exception:  # noqa: BLE001, S110
                 pass
         self._sends = []
+        self._drain(1.0)
         self.side.Free()
         self.side = None
 
-
-def _exited_early(rank, info) -> str:
-    """'rank R exited early (code C) at step S' from the goodbye of rank R."""
-    code = info.get("code")
-    code = "" if code is None else f" (code {code})"
-    step = _at_step(info.get("step"), None) or " before its first step"
-    return f"rank {rank} exited early{code}{step}"
-
-
-def _describe_peer(info, call, arrived, exited) -> str:
-    step = _at_step(info.get("step"), None).strip() or "before the first step"
-    count = info["entered"].get(call.comm, 0)
-    if exited:
-        return (f"has exited, {step}, after {count} call(s) on {call.comm!r}: it will never "
-                "join this collective")
-    if arrived:
-        return f"arrived ({step})"
-    waits = [desc for _, _, desc, _ in info["inflight"]]
-    if waits:
-        doing = "waits in " + "; ".join(waits)
-    else:
-        doing = "is not in any collective"
-    threads = "".join(f"\n    {line}" for line in info.get("threads", ()))
-    return (f"has not arrived: {step}, it {doing}; its main thread is at {info['where']} "
-            f"({count} call(s) on {call.comm!r} so far){threads}")
+    def _drain(self, seconds: float) -> None:
+        """Receive what the peers sent until each has said goodbye (at most ``seconds``): a
+        message still unreceived at ``MPI_Finalize`` (a beat, a goodbye) makes UCX print
+        'unexpected tag-receive descriptor ... was not matched' at the end of a job across hosts.
+        A peer's goodbye is its last message here (MPI keeps one sender's order)."""
+        deadline, status = time.monotonic() + seconds, self.MPI.Status()
+        while len(self.gone) < self.size - 1 and time.monotonic() < deadline:
+            if self.side.iprobe(source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG, status=status):
+                message = self.side.recv(source=status.Get_source(), tag=status.Get_tag())
+                if status.Get_tag() == _BYE:
+                    self.gone[status.Get_source()] = message
+            else:
+                time.sleep(0.002)
 
 
 _WATCHDOG: Watchdog | None = None

@@ -27,6 +27,11 @@ import numpy as np
 import replicate as rp
 
 
+def say(text):
+    """One line in one write (the ranks share the pipe; print writes the end apart)."""
+    os.write(1, (text + "\n").encode())
+
+
 def make(mode="graph", k=1, num_replicas=None):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(256, 6))
@@ -70,13 +75,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rep, state = make(a.mode, a.k, a.num_replicas)
     attempt = os.environ.get("REPLICATE_RESTART", "")
-    print(f"rank {rep.rank} pid {os.getpid()} attempt {attempt}", flush=True)
+    say(f"rank {rep.rank} pid {os.getpid()} attempt {attempt}")
     if a.resume or a.auto:
         rep.restore(a.ckpt, state, missing_ok=a.auto)
-        print(f"rank {rep.rank} resumed at step {rep.step}", flush=True)
+        say(f"rank {rep.rank} resumed at step {rep.step}")
 
     def progress(r, step, outputs):
-        print(f"rank {r.rank} step {step}", flush=True)
+        say(f"rank {r.rank} step {step}")
         if a.sleep:
             time.sleep(a.sleep)
         if r.rank == a.victim and step == a.kill_at and attempt in ("", "0"):
@@ -91,7 +96,7 @@ def main(argv=None):
     arrays = {name: var.value for name, var in rp.checkpoint.named_variables(state).items()}
     out = a.out if rep.rank == 0 else f"{a.out}.rank{rep.rank}.npz"
     np.savez(out, _step=np.array(rep.step), _losses=np.array([h["loss"] for h in hist]), **arrays)
-    print(f"rank {rep.rank} finished at step {rep.step}", flush=True)
+    say(f"rank {rep.rank} finished at step {rep.step}")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ rank = rp.runtime.communication.comm.world().rank
 assert rank == ME
 say(f"rank {rank} mpich-shm-mapped: {' '.join(rp.runtime.job.mpi_shm.mapped())}")
 
+if CASE == "lines":  # print's pieces (5 writes a line under PYTHONUNBUFFERED) from every rank
+    for i in range(2000):
+        print("line", rank, i)
+    sys.exit(0)
+
 if CASE == "pmi-order":  # the launcher's link is released before hydra's PMI connection
     def sockets():
         out = {}
