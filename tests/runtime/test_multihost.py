@@ -245,6 +245,25 @@ def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster,
 
 
 @needs_cluster
+def test_kill_9_of_a_rank_on_another_host_names_that_rank_and_host(cluster):
+    """Rank 1, on host 1, is killed (SIGKILL) after step 5: the launcher fetches its record from
+    host 1 — unfinished at step 5, while rank 0 had gone on to step 6 and waited there — and
+    names rank 1 on node1, not rank 0, which mpiexec ended and which the launcher saw end first
+    (the issue's report before: ``rank 0 ended first``). With both at one step it says it cannot
+    tell (``test_the_launchers_verdict_from_the_ranks_records``)."""
+    c = cluster(2)
+    cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "-f",
+                                  c.hostfile(), "faults_resume.py",
+                                  os.path.join(c.folder, "job.npz"), "--steps", "12",
+                                  "--kill-at", "5", "--victim", "1"]
+    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    assert result.returncode != 0, report(result)
+    assert "[replicate.launch] rank 1 on node1 ended first, at step 5, without finishing" \
+        in result.stderr, report(result)
+    assert "rank 0 ended first" not in result.stderr, report(result)
+
+
+@needs_cluster
 def test_a_cut_link_ends_the_job_within_the_silence_bound_naming_the_host(cluster):
     """The link of host 1 goes down mid-training: its ranks run on but reach nobody. The hosts'
     heartbeats stop arriving, and within ``REPLICATE_HOST_SILENCE`` seconds (4 here) rank 0 names
