@@ -245,6 +245,35 @@ def test_a_dead_host_is_left_out_and_the_job_goes_on_with_the_same_math(cluster,
 
 
 @needs_cluster
+def test_kill_9_on_another_host_at_a_random_step_is_restarted_and_ends_bitwise(cluster, tmp_path):
+    """Two hosts, ``--max-restarts 2``: rank 1 on host 1 is killed after a random step of the
+    first attempt; the restart log names it with its host and step, the job resumes from the
+    shared checkpoint and ends with the parameters and optimiser state, bitwise, of an
+    uninterrupted run on one host."""
+    import random
+
+    step = random.Random().randint(2, 14)  # (printed in the failure message)
+    c = cluster(2)
+    out, full = os.path.join(c.folder, "job.npz"), str(tmp_path / "full.npz")
+    one_host(2, "faults_resume.py", full, "--steps", "16")
+    cmd = c.enter(0, PROGRAMS) + [
+        sys.executable, "-m", "replicate.launch", "-n", "2", "-f", c.hostfile(), "--max-restarts",
+        "2", "faults_resume.py", out, "--steps", "16", "--auto", "--every", "3", "--ckpt",
+        os.path.join(c.folder, "ck", "s-{step:03d}.npz"), "--kill-at", str(step), "--victim", "1"]
+    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    text = f"killed after step {step}\n{report(result)}"
+    assert result.returncode == 0, text
+    assert f"[replicate.launch] restart 1 of 2: rank 1 on node1 failed at step {step}: it ended " \
+        "without a report" in result.stderr, text
+    assert f"rank 0 resumed at step {step - step % 3}" in result.stdout, text
+    got, want = load_both(out), load_both(full)
+    assert set(got) == set(want) and int(got["_step"]) == 16, text
+    for key in want:
+        if key != "_losses":  # (a resumed run's history starts at its checkpoint)
+            assert got[key].tobytes() == want[key].tobytes(), f"{key} differs\n{text}"
+
+
+@needs_cluster
 def test_kill_9_of_a_rank_on_another_host_names_that_rank_and_host(cluster):
     """Rank 1, on host 1, is killed (SIGKILL) after step 5: the launcher fetches its record from
     host 1 — unfinished at step 5, while rank 0 had gone on to step 6 and waited there — and
