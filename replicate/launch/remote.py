@@ -22,8 +22,7 @@ import sys
 
 from ..runtime.job import mpi_shm, status
 from . import hosts
-
-LOCK = "launcher.lock"  # (launcher.LOCK: the launcher's own folder holds it)
+from .folders import LOCK
 
 
 def fetch(folder: str, mpi_args: list[str], environ, n: int) -> dict[int, dict]:
