@@ -121,13 +121,16 @@ def test_the_reductions_cross_the_links_bitwise(cluster):
 
 
 @needs_cluster
-def test_two_level_all_reduce_on_two_hosts_of_two(cluster):
-    """2 hosts × 2 processes: the reductions take the two-level path (within each host, then one
-    buffer per host), bitwise the rank-ordered combination and the flat path's on every rank, in
-    pieces of both levels, in place, four dtypes; compressed on the network only when asked."""
-    c = cluster(2)
-    result = launch(c, "-n", "4", "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py")
-    assert "levels: 2 hosts x 2" in result.stdout and "ok" in result.stdout, report(result)
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_two_level_all_reduce_on_hosts_of_two(cluster, hosts):
+    """2 and 3 hosts × 2 processes: the reductions take the two-level path (within each host,
+    then one buffer per host, a middle host passing results back while partials still come in),
+    bitwise the rank-ordered combination and the flat path's on every rank, in pieces of both
+    levels, in place, four dtypes; compressed on the network only when asked."""
+    c = cluster(hosts)
+    result = launch(c, "-n", str(2 * hosts), "-f", c.hostfile(), "-ppn", "2", "levels_mpi.py")
+    assert f"levels: {hosts} hosts x 2" in result.stdout and "ok" in result.stdout, \
+        report(result)
 
 
 @needs_cluster

@@ -162,44 +162,69 @@ class Levels:
 
     def _chain(self, rows: np.ndarray, op: str, out: np.ndarray) -> None:
         """``out`` = the hosts' rows combined in host order: received from the previous host,
-        this host's rows added, sent on; the last host's result comes back down the chain."""
+        this host's rows added, sent on; the last host's result comes back down the chain. A
+        middle host handles whichever piece arrives first, a partial going up or a result
+        coming back, so results flow back while partials still come in (in order, a host
+        passed every partial up before the first result back: twice the chain's time)."""
         s = settings()
         wire = as_dtype(s.network_compress) if (
             s.network_compress and is_float(out.dtype) and out.itemsize > 2) else out.dtype
         step = max(1, s.network_chunk_bytes // out.itemsize)
-        h, last, ufunc, pending, forward = self.host, self.hosts - 1, UFUNC[op], [], []
-        for lo in range(0, out.size, step):
-            piece = out[lo:lo + step]
-            if h == 0:
-                combine(rows[:, lo:lo + step], op, piece)
-            else:
-                piece[...] = self._recv(piece.size, wire, h - 1, _FORWARD)
-                for row in rows:
-                    ufunc(piece, row[lo:lo + step], out=piece)
-            if wire != out.dtype:  # what leaves the host, and the result, in the wire's type
+        h, last, ufunc = self.host, self.hosts - 1, UFUNC[op]
+        starts = range(0, out.size, step)
+        up, sent, inbox = {}, [], []  # piece -> its send up; sends back; (request, buf, kind, i)
+
+        def partial(i, piece):  # this host's rows added to the partial ``piece`` holds
+            lo = starts[i]
+            for row in rows:
+                ufunc(piece, row[lo:lo + step], out=piece)
+
+        def leave(i, piece):  # the piece in the wire's type, then up the chain (or back down)
+            if wire != out.dtype:
                 piece[...] = piece.astype(wire)
             if h < last:
-                forward.append(self._send(piece, wire, h + 1, _FORWARD))
+                up[i] = self._send(piece, wire, h + 1, _FORWARD)
             elif h > 0:
-                pending.append(self._send(piece, wire, h - 1, _BACK))
-        if h < last:
-            for i, lo in enumerate(range(0, out.size, step)):
-                piece = out[lo:lo + step]
-                result = self._recv(piece.size, wire, h + 1, _BACK)
-                forward[i][0].Wait()  # (the piece went on before its result overwrites it)
-                piece[...] = result
+                sent.append(self._send(piece, wire, h - 1, _BACK))
+
+        for i, lo in enumerate(starts):
+            if h == 0:
+                combine(rows[:, lo:lo + step], op, out[lo:lo + step])
+                leave(i, out[lo:lo + step])
+            else:
+                inbox.append((*self._irecv(out[lo:lo + step].size, wire, h - 1, _FORWARD),
+                              "up", i))
+            if h < last:
+                inbox.append((*self._irecv(out[lo:lo + step].size, wire, h + 1, _BACK),
+                              "back", i))
+        ready, turn = {}, {"up": 0, "back": 0}  # arrived, not yet handled; the next to handle
+        while inbox:
+            _, buf, kind, i = inbox.pop(self.MPI.Request.Waitany([r[0] for r in inbox]))
+            ready[kind, i] = buf
+            # each stream in piece order (a later, smaller piece can arrive first, and what is
+            # sent on must keep the order the next host's receives were posted in)
+            while (kind, turn[kind]) in ready:
+                i = turn[kind]
+                buf, turn[kind] = ready.pop((kind, i)), i + 1
+                piece = out[starts[i]:starts[i] + step]
+                if kind == "up":
+                    piece[...] = buf
+                    partial(i, piece)
+                    leave(i, piece)
+                    continue
+                up[i][0].Wait()  # (the partial went up before its result overwrites it)
+                piece[...] = buf
                 if h > 0:
-                    pending.append(self._send(piece, wire, h - 1, _BACK))
-        self.MPI.Request.Waitall([r for r, _ in pending + forward])
+                    sent.append(self._send(piece, wire, h - 1, _BACK))
+        self.MPI.Request.Waitall([r for r, _ in sent + list(up.values())])
+
+    def _irecv(self, size, wire, source, tag):
+        buf = np.empty(size, wire)
+        return self.cross.Irecv(_bytes(buf), source=source, tag=tag), buf
 
     def _send(self, piece, wire, dest, tag):
         buf = piece if wire == piece.dtype else piece.astype(wire)  # (kept alive until sent)
         return self.cross.Isend(_bytes(buf), dest=dest, tag=tag), buf
-
-    def _recv(self, size, wire, source, tag):
-        buf = np.empty(size, wire)
-        self.cross.Recv(_bytes(buf), source=source, tag=tag)
-        return buf
 
     def free(self):
         self.local.Free()
