@@ -228,13 +228,23 @@ def _scheduled(graph: Graph, buckets) -> Graph:
     """``graph`` with its buckets, in start order, added to the schedule the ranks compare
     before they exchange anything (a sharded step's buckets are planned from graphs that differ
     between the processes: a plan that differed would mix the processes' buffers)."""
-    rows = [(f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
-             f"{[m.node.inputs[0].shape for m in members]}",
+    rows = [(_within(b.node.attrs.get("comm"),
+                     f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
+                     f"{[m.node.inputs[0].shape for m in members]}"),
              source_line(b.node.where) if b.node.where else "?")
             for members in buckets for b in members[:1]]
     schedule = list(graph.meta.collective_schedule or [])
     return Graph(graph.inputs, graph.nodes, graph.outputs,
                  graph.meta.copy(collective_schedule=schedule + rows))
+
+
+# a schedule row that only the processes of one communicator compare (model parallelism: each
+# logical device's group exchanges its own buckets): "within LABEL: text"
+WITHIN = "within "
+
+
+def _within(comm, text: str) -> str:
+    return text if comm is None else f"{WITHIN}{comm}: {text}"
 
 
 def communication_first(graph: Graph) -> Graph:

@@ -183,7 +183,7 @@ STEP_PASSES = (
     # (merges the k copies of what follows the exchange, transfers included)
     Pass("cse", lambda g, c: cse(g), lambda c: c.replicas > 1),
     # (after CSE: the k replicas' updates are one, so the slice is computed once)
-    Pass("shard_state", lambda g, c: shard_state(g, c.processes, c.rank, c.devices,
+    Pass("shard_state", lambda g, c: shard_state(g, c.processes, c.rank, c.device, c.devices,
                                                  c.device_comm), shows="sharded state"),
     Pass("collective_schedule", schedule_pass),
     Pass("split_devices", split_devices_pass, _model_parallel, shows="this logical device"),
