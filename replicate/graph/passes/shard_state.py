@@ -26,6 +26,13 @@ array, and the reduce-scatter combines in the all-reduce's rank order, so the up
 bitwise those of the unsharded step except where a reduction is split (the global norm: its
 partial sums are added in another order).
 
+With model parallelism the pass runs on the whole replica's graph (every device's ops, placed),
+before ``split_devices``: the exchanges go over this process's device group (``comm``: the
+processes holding the same logical device; ``n``/``rank`` its size and this process's place),
+every node it makes is placed where the value it reads is made (a slice gathered on the device
+that computed it, even when a transfer reads it), and the norm's partial sums of each device
+are all-reduced over that device's group before the step adds the devices' sums as before.
+
 The gradients' reduce-scatters and the parameters' all-gathers (marked ``shard``) are packed
 into buckets by the bucketing pass, like all-reduces; a norm's partial sums are marked ``exact``
 (never compressed). Stage 3 is not built: ``replicate/sharding.py`` says what it would take.

@@ -15,7 +15,8 @@ replicate_collectives the placeholders become communication (on the device's gro
 pipeline_order        logical devices: the GPipe order
 cse                   k > 1: the k copies of every update after an exchange become one
 shard_state           wrap_optimizer(shard=True): reduce-scatter, update this process's
-                      slice of the state, all-gather the parameters (ZeRO-1/2)
+                      slice of the state, all-gather the parameters (ZeRO-1/2; logical
+                      devices: each device's state over its device group)
 collective_schedule   what the ranks compare before they exchange anything
 split_devices         logical devices: this device's part (transfers become send/recv)
 merge_updates         one value per updated variable

@@ -122,8 +122,8 @@ def _slice_fault(var, comm) -> str:
     m = comm.size // lay.n if comm.size % lay.n == 0 else 0
     if not m or lay.rank != comm.rank // m:
         return (f"is process {lay.rank}'s of {lay.n}, held by process {comm.rank} of "
-                f"{comm.size}" + (f" (slice {comm.rank // m} of its device's group of {lay.n})"
-                                  if m > 1 else ""))
+                f"{comm.size}" + (f" (which holds slice {comm.rank // m} of its device's group "
+                                  f"of {lay.n})" if m > 1 else ""))
     if value.shape != (lay.chunk,) or value.dtype != var.dtype:
         return f"is {value.dtype}{list(value.shape)}, not {var.dtype}[{lay.chunk}]"
     if np.any(value[lay.valid:] != 0):
