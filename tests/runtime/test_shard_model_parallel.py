@@ -139,7 +139,8 @@ def test_sharded_equals_unsharded_with_model_parallelism(tmp_path):
     and AdamW with max_grad_norm (the norm over every device's slices), k = 1 and 2, micro-
     batches, unbucketed, the JAX backend: the parameters and the whole optimiser state equal
     the unsharded model-parallel step's — bitwise in this run, 1e-12 allowed where a norm is
-    split (its partial sums are added in another order). Mid-run each process holds half of
+    split (its partial sums are added in another order); each device's gradients are reduce-
+    scattered in one bucket. Mid-run each process holds half of
     its device's state (memory_report counts exactly that), none of the other device's."""
     out = tmp_path / "oracle.json"
     run([MPIEXEC, "-n", "4", sys.executable, "shard_mp_mpi.py", "oracle", str(out)],
@@ -153,6 +154,8 @@ def test_sharded_equals_unsharded_with_model_parallelism(tmp_path):
             assert r["moved"] > 1e-2, name  # training moved the parameters
             assert r["max"] <= 1e-12 and (r["bitwise"] or "clip" in name), (name, r["diff"])
             assert r["comms"] == [f"device{rank % 2}.of2"], (name, r["comms"])
+            # this device's 3 gradients in one bucket (the norm's sends do not split it)
+            assert r["reduce_scatters"] == (3 if "unbucketed" in name else 1), (name, r)
             seen, plain = r["seen"], r["plain_seen"]
             assert seen["report"] == seen["held"] and plain["report"] == plain["held"], name
             assert seen["count"] == plain["count"] == (4 if "sgd" in name else 7), name

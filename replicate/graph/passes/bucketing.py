@@ -255,12 +255,20 @@ def communication_first(graph: Graph) -> Graph:
     computations; a bucket must close before the first use of its results, so that order gave
     one bucket per gradient. What only a sharded step's split reductions need (``exact``
     all-reduces of a global norm's partial sums, which read the reduce-scattered slices) comes
-    second, so that the reduce-scatters are not held apart by them."""
+    second, so that the reduce-scatters are not held apart by them — and so do the sends of
+    what such an all-reduce made, and the sends chained after those (model parallelism: a
+    device's share of the norm sent on, the step's results sent at its end)."""
+    exact: set[int] = set()  # made from an exact all-reduce's result (or chained after one)
+    for node in graph.nodes:
+        if node.prim == "mpi_allreduce" and node.attrs.get("exact") or any(
+                x.id in exact for x in node.inputs):
+            exact.add(node.out.id)
     needed: set[int] = set()
     later: set[int] = set()  # needed by the exact all-reduces only
     for node in reversed(graph.nodes):  # (a pipeline stage's sends must not wait for them)
-        if (node.prim in ("mpi_allreduce", "send") or node.prim == "mpi_reduce_scatter") \
-                and not node.attrs.get("exact") or node.out.id in needed:
+        if (node.prim in ("mpi_allreduce", "mpi_reduce_scatter") or node.prim == "send"
+                and node.out.id not in exact) and not node.attrs.get("exact") \
+                or node.out.id in needed:
             needed.update(x.id for x in node.inputs)
             needed.add(node.out.id)
         elif node.prim == "mpi_allreduce" or node.out.id in later:
