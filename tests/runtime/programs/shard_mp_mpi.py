@@ -40,6 +40,8 @@ CONFIGS = {
     "adamw-clip-unbucketed": dict(opt="adamw", wrap=dict(max_grad_norm=0.5),
                                   options=dict(bucket_bytes=0)),
     "adamw-clip-micro2": dict(opt="adamw", micro=2, wrap=dict(max_grad_norm=0.5)),
+    "adam-dynamic-scale-check-finite": dict(opt="adam", wrap=dict(loss_scale="dynamic"),
+                                            check_finite=True),
     "jax-adamw-clip-k2": dict(opt="adamw", k=2, wrap=dict(max_grad_norm=0.5), backend="jax"),
 }
 
@@ -54,9 +56,10 @@ def make_params(m):
 
 
 def make_optimizer(cfg, params, shard):
-    base = (rp.optim.AdamW(list(params.values()), lr=0.05, weight_decay=0.1)
-            if cfg["opt"] == "adamw" else
-            rp.optim.SGD(list(params.values()), lr=0.1, momentum=0.5))
+    ps = list(params.values())
+    base = (rp.optim.AdamW(ps, lr=0.05, weight_decay=0.1) if cfg["opt"] == "adamw" else
+            rp.optim.Adam(ps, lr=0.05) if cfg["opt"] == "adam" else
+            rp.optim.SGD(ps, lr=0.1, momentum=0.5))
     return rp.wrap_optimizer(base, shard=shard, **cfg.get("wrap", {}))
 
 
@@ -82,11 +85,12 @@ def train(cfg, shard, steps=4, m=2, start=None, callbacks=()):
                 if i < 3:
                     h = rnp.tanh(h)
         loss = ((h - target) ** 2).mean()
-        opt.apply(rp.grad(loss, list(params.values())))
+        opt.apply(rp.grad(opt.scale(loss), list(params.values())))
         return {"loss": loss}
 
     rep = rp.Replicator(input_fn, step_fn, logical_devices=m, micro_batches=micro,
                         replicas_per_rank=cfg.get("k", 1), options=cfg.get("options"),
+                        check_finite=cfg.get("check_finite", False),
                         backend=cfg.get("backend", "numpy"))
     rep.run(steps, callbacks=[cb(params, opt) for cb in callbacks])
     return params, opt, rep
