@@ -136,12 +136,13 @@ def test_each_device_group_compares_its_own_buckets():
 @needs_mpi
 def test_sharded_equals_unsharded_with_model_parallelism(tmp_path):
     """4 processes, logical_devices=2 (each device's state over its 2 processes), SGD momentum
-    and AdamW with max_grad_norm (the norm over every device's slices), k = 1 and 2, micro-
-    batches, unbucketed, Adam with dynamic loss scaling and check_finite, the JAX backend: the parameters and the whole optimiser state equal
-    the unsharded model-parallel step's — bitwise in this run, 1e-12 allowed where a norm is
-    split (its partial sums are added in another order); each device's gradients are reduce-
-    scattered in one bucket. Mid-run each process holds half of
-    its device's state (memory_report counts exactly that), none of the other device's."""
+    and AdamW with max_grad_norm (the norm over every device's slices), k = 1 and 2,
+    micro-batches, unbucketed, Adam with dynamic loss scaling and check_finite, the JAX
+    backend: the parameters and the whole optimiser state equal the unsharded model-parallel
+    step's — bitwise in this run, 1e-12 allowed where a norm is split (its partial sums are
+    added in another order); each device's gradients are reduce-scattered in one bucket.
+    Mid-run each process holds half of its device's state (memory_report counts exactly that),
+    none of the other device's."""
     out = tmp_path / "oracle.json"
     run([MPIEXEC, "-n", "4", sys.executable, "shard_mp_mpi.py", "oracle", str(out)],
         check=True)
