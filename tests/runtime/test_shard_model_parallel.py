@@ -188,3 +188,18 @@ def test_a_model_parallel_sharded_checkpoint_restores_into_2_processes(tmp_path)
     assert data["resaved_equal"] == {"2-True": True, "2-False": True, "1-True": True,
                                      "1-False": True}, data
     assert data["trained_diff"]["2"] == 0.0 and data["trained_diff"]["1"] <= 1e-12, data
+
+
+def test_a_checkpoint_gathers_each_slice_by_its_layout():
+    """With model parallelism both processes of a replica group hold the group's slice (after
+    the end-of-run gather): the whole value is made of one slice per group, in group order, not
+    of the job's ranks in order."""
+    whole = np.arange(35.0).reshape(5, 7)
+    lays = [ShardLayout((5, 7), 2, r // 2) for r in range(4)]  # process p: slice p // 2
+    var = rp.Variable(np.zeros((5, 7)), name="w.m")
+    var.value, var.shard = lays[0].part(whole), lays[0]
+    rows = [[(lay, lay.part(whole))] for lay in lays]
+    got = rp.sharding.whole_values(_Gathered(rows), {"w.m": var})
+    assert np.array_equal(got["w.m"], whole)
+    with pytest.raises(rp.ReplicateError, match=r"only slices \[0\] are held"):
+        rp.sharding.whole_values(_Gathered(rows[:2]), {"w.m": var})
