@@ -266,9 +266,9 @@ def communication_first(graph: Graph) -> Graph:
     needed: set[int] = set()
     later: set[int] = set()  # needed by the exact all-reduces only
     for node in reversed(graph.nodes):  # (a pipeline stage's sends must not wait for them)
-        if (node.prim in ("mpi_allreduce", "mpi_reduce_scatter") or node.prim == "send"
-                and node.out.id not in exact) and not node.attrs.get("exact") \
-                or node.out.id in needed:
+        exchanged = node.prim == "mpi_allreduce" or node.prim == "mpi_reduce_scatter"
+        if (exchanged or node.prim == "send" and node.out.id not in exact) \
+                and not node.attrs.get("exact") or node.out.id in needed:
             needed.update(x.id for x in node.inputs)
             needed.add(node.out.id)
         elif node.prim == "mpi_allreduce" or node.out.id in later:
