@@ -228,13 +228,23 @@ def _scheduled(graph: Graph, buckets) -> Graph:
     """``graph`` with its buckets, in start order, added to the schedule the ranks compare
     before they exchange anything (a sharded step's buckets are planned from graphs that differ
     between the processes: a plan that differed would mix the processes' buffers)."""
-    rows = [(f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
-             f"{[m.node.inputs[0].shape for m in members]}",
+    rows = [(_within(b.node.attrs.get("comm"),
+                     f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
+                     f"{[m.node.inputs[0].shape for m in members]}"),
              source_line(b.node.where) if b.node.where else "?")
             for members in buckets for b in members[:1]]
     schedule = list(graph.meta.collective_schedule or [])
     return Graph(graph.inputs, graph.nodes, graph.outputs,
                  graph.meta.copy(collective_schedule=schedule + rows))
+
+
+# a schedule row that only the processes of one communicator compare (model parallelism: each
+# logical device's group exchanges its own buckets): "within LABEL: text"
+WITHIN = "within "
+
+
+def _within(comm, text: str) -> str:
+    return text if comm is None else f"{WITHIN}{comm}: {text}"
 
 
 def communication_first(graph: Graph) -> Graph:
@@ -245,11 +255,19 @@ def communication_first(graph: Graph) -> Graph:
     computations; a bucket must close before the first use of its results, so that order gave
     one bucket per gradient. What only a sharded step's split reductions need (``exact``
     all-reduces of a global norm's partial sums, which read the reduce-scattered slices) comes
-    second, so that the reduce-scatters are not held apart by them."""
+    second, so that the reduce-scatters are not held apart by them — and so do the sends of
+    what such an all-reduce made, and the sends chained after those (model parallelism: a
+    device's share of the norm sent on, the step's results sent at its end)."""
+    exact: set[int] = set()  # made from an exact all-reduce's result (or chained after one)
+    for node in graph.nodes:
+        if node.prim == "mpi_allreduce" and node.attrs.get("exact") or any(
+                x.id in exact for x in node.inputs):
+            exact.add(node.out.id)
     needed: set[int] = set()
     later: set[int] = set()  # needed by the exact all-reduces only
     for node in reversed(graph.nodes):  # (a pipeline stage's sends must not wait for them)
-        if (node.prim in ("mpi_allreduce", "send") or node.prim == "mpi_reduce_scatter") \
+        exchanged = node.prim == "mpi_allreduce" or node.prim == "mpi_reduce_scatter"
+        if (exchanged or node.prim == "send" and node.out.id not in exact) \
                 and not node.attrs.get("exact") or node.out.id in needed:
             needed.update(x.id for x in node.inputs)
             needed.add(node.out.id)

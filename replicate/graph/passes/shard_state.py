@@ -26,6 +26,13 @@ array, and the reduce-scatter combines in the all-reduce's rank order, so the up
 bitwise those of the unsharded step except where a reduction is split (the global norm: its
 partial sums are added in another order).
 
+With model parallelism the pass runs on the whole replica's graph (every device's ops, placed),
+before ``split_devices``: the exchanges go over this process's device group (``comm``: the
+processes holding the same logical device; ``n``/``rank`` its size and this process's place),
+every node it makes is placed where the value it reads is made (a slice gathered on the device
+that computed it, even when a transfer reads it), and the norm's partial sums of each device
+are all-reduced over that device's group before the step adds the devices' sums as before.
+
 The gradients' reduce-scatters and the parameters' all-gathers (marked ``shard``) are packed
 into buckets by the bucketing pass, like all-reduces; a norm's partial sums are marked ``exact``
 (never compressed). Stage 3 is not built: ``replicate/sharding.py`` says what it would take.
@@ -103,14 +110,19 @@ class _Sharder:
         return bind(prim, x, size=self.n, **attrs)
 
     def whole(self, x: Array) -> Array:
-        """The new graph's whole value of old value ``x`` (all-gathered once if sliced)."""
+        """The new graph's whole value of old value ``x`` (all-gathered once if sliced, on the
+        logical device that made the slice: its reader may be a transfer to another)."""
         if x.id not in self.rb.subst:
             part, lay = self.sliced[x.id]
+            start = len(self.rb.trace.nodes)
             gathered = rnp.reshape(self.exchange("mpi_allgather", part, shard=True),
                                    (self.n * lay.chunk,))
             if lay.n * lay.chunk != lay.size:
                 gathered = gathered[:lay.size]
             self.rb.subst[x.id] = rnp.reshape(gathered, lay.shape)
+            if part.node is not None:
+                for new in self.rb.trace.nodes[start:]:
+                    new.placed = part.node.placed
         return self.rb.get(x)
 
     def part(self, x: Array, lay: ShardLayout, depth: int = 0) -> Array:
@@ -205,7 +217,9 @@ class _Sharder:
                 start = len(rb.trace.nodes)
                 self.node(node)
                 for new in rb.trace.nodes[start:]:  # errors name the user's line
-                    new.where, new.placed = node.where, node.placed
+                    new.where = node.where
+                    if new.placed is None:  # (``whole`` placed its gathers already)
+                        new.placed = node.placed
             outputs, kept = [], {}  # (the k replicas' one update: one value, as before)
             for j, x in enumerate(graph.outputs):
                 var = meta.updated[(j - n_res) // meta.replicas] if j >= n_res else None
@@ -214,7 +228,10 @@ class _Sharder:
                     outputs.append(self.whole(x))
                     continue
                 if (x.id, lay) not in kept:
+                    start = len(rb.trace.nodes)
                     kept[x.id, lay] = self.padded(self.part(x, lay), lay)
+                    for new in rb.trace.nodes[start:]:  # (where the update is made)
+                        new.where, new.placed = x.node and x.node.where, x.node and x.node.placed
                 outputs.append(kept[x.id, lay])
         return rb.finish(outputs)
 
@@ -227,26 +244,30 @@ def sharded_layouts(graph: Graph) -> dict:
             if getattr(var, "shard", None) is not None}
 
 
-def shard_state(graph: Graph, n: int, rank: int, devices: int = 1, comm=None) -> Graph:
+def shard_state(graph: Graph, n: int, rank: int, device: int = 0, devices: int = 1,
+                comm=None) -> Graph:
     """The sharded step of ``graph`` on process ``rank`` of ``n`` (see the module docstring);
-    ``graph`` itself when it neither reads sharded state nor reduces sharded gradients."""
+    ``graph`` itself when it neither reads sharded state nor reduces sharded gradients. With
+    model parallelism (``devices`` > 1) ``graph`` is the whole replica's step, every node
+    placed, and ``n``/``rank``/``comm`` are this process's device group: each logical device's
+    state is sharded over the processes that hold that device (``split_devices`` keeps this
+    device's part afterwards)."""
     layouts = sharded_layouts(graph)
     marked = any(node.prim == "mpi_allreduce" and node.attrs.get("shard")
                  for node in graph.nodes)
     if not layouts and not marked:
         return graph
     variables = [v for v in graph.meta.variables if getattr(v, "shard", None) is not None]
-    if devices > 1:
-        raise ReplicateError("wrap_optimizer(shard=True) with model parallelism "
-                             "(logical_devices > 1) is not supported yet: shard=False there")
+    group = f" of logical device {device}'s data-parallel group" if devices > 1 else ""
     for var in variables:
         if (var.shard.n, var.shard.rank) != (n, rank):
             raise ReplicateError(
                 f"Variable {var.name!r} holds process {var.shard.rank}'s slice of {var.shard.n} "
                 f"(wrap_optimizer(shard=True) cut it for the processes running then); this step "
-                f"runs as process {rank} of {n}. Shard the optimiser state for the processes "
-                "that train with it (a checkpoint restores into any number: it holds the whole "
-                "state)")
+                f"runs as process {rank} of {n}{group}. A Replicator reshards the optimiser "
+                "state for its processes when it is constructed: construct it after "
+                "wrap_optimizer, on the processes the state was cut for (a checkpoint restores "
+                "into any number: it holds the whole state)")
     return _Sharder(graph, n, rank, comm).run(layouts)
 
 

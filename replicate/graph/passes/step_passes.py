@@ -15,7 +15,8 @@ replicate_collectives the placeholders become communication (on the device's gro
 pipeline_order        logical devices: the GPipe order
 cse                   k > 1: the k copies of every update after an exchange become one
 shard_state           wrap_optimizer(shard=True): reduce-scatter, update this process's
-                      slice of the state, all-gather the parameters (ZeRO-1/2)
+                      slice of the state, all-gather the parameters (ZeRO-1/2; logical
+                      devices: each device's state over its device group)
 collective_schedule   what the ranks compare before they exchange anything
 split_devices         logical devices: this device's part (transfers become send/recv)
 merge_updates         one value per updated variable
@@ -183,7 +184,7 @@ STEP_PASSES = (
     # (merges the k copies of what follows the exchange, transfers included)
     Pass("cse", lambda g, c: cse(g), lambda c: c.replicas > 1),
     # (after CSE: the k replicas' updates are one, so the slice is computed once)
-    Pass("shard_state", lambda g, c: shard_state(g, c.processes, c.rank, c.devices,
+    Pass("shard_state", lambda g, c: shard_state(g, c.processes, c.rank, c.device, c.devices,
                                                  c.device_comm), shows="sharded state"),
     Pass("collective_schedule", schedule_pass),
     Pass("split_devices", split_devices_pass, _model_parallel, shows="this logical device"),

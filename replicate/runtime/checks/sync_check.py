@@ -20,11 +20,12 @@ Sharded optimiser state (``wrap_optimizer(shard=True)``) is held once: each proc
 slice, which no other process holds (the replicas of a process share one array), so a slice has
 no copy to be compared with. Each is checked where it lives instead: it must be this process's
 slice of the whole for this many processes (its layout: the process count and this rank, the
-shape and dtype every process names) with its padding zero. The parameters stay whole on every
-process and are compared as before. (A parameter changed on one process only is mixed into
-every process's copy by the next step's all-gather — each process's slice of the new value is
-computed from its own copy — so a check before that step sees it, one after may not:
-``check_sync=1`` compares at every step.)
+shape and dtype every process names) with its padding zero (with model parallelism the state
+is cut over each device's group of n/m processes: process p holds slice p // m). The parameters
+stay whole on every process and are compared as before. (A parameter changed on one process
+only is mixed into every process's copy by the next step's all-gather — each process's slice of
+the new value is computed from its own copy — so a check before that step sees it, one after
+may not: ``check_sync=1`` compares at every step.)
 """
 
 from __future__ import annotations
@@ -116,9 +117,13 @@ def verify(comm, variables, step: int, when: str) -> None:
 def _slice_fault(var, comm) -> str:
     """What is wrong with this process's slice of a sharded variable ('' if nothing)."""
     lay, value = var.shard, np.asarray(var.value)
-    if (lay.n, lay.rank) != (comm.size, comm.rank):
+    # (model parallelism: cut over one device's processes, n = size / m; process p of the
+    # job holds slice p // m — Layout: group, device = divmod(rank, m))
+    m = comm.size // lay.n if comm.size % lay.n == 0 else 0
+    if not m or lay.rank != comm.rank // m:
         return (f"is process {lay.rank}'s of {lay.n}, held by process {comm.rank} of "
-                f"{comm.size}")
+                f"{comm.size}" + (f" (which holds slice {comm.rank // m} of its device's group "
+                                  f"of {lay.n})" if m > 1 else ""))
     if value.shape != (lay.chunk,) or value.dtype != var.dtype:
         return f"is {value.dtype}{list(value.shape)}, not {var.dtype}[{lay.chunk}]"
     if np.any(value[lay.valid:] != 0):

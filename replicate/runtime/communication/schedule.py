@@ -21,6 +21,7 @@ from ...errors import (
     source_line,
     user_frame,
 )
+from ...graph.passes.bucketing import WITHIN
 from .agree import FUNCTION, agree
 
 
@@ -44,7 +45,7 @@ class Schedules:
     def compiled(self, key, schedule, error, about, step) -> None:
         """Compare a fresh compile (or its ``error``) with every rank's; remember it."""
         check_schedules(self.comm, schedule, error, about)
-        fp = int(fingerprint(schedule)[:15], 16) or 1
+        fp = int(fingerprint(_every_rank(schedule))[:15], 16) or 1
         self.by_key[key] = (schedule, fp, step)
 
     def reused(self, key, describe) -> None:
@@ -68,7 +69,7 @@ def check_schedules(comm, schedule, error, about=None):
             raise error
         return
     mine = (None if error is None else (class_name(error), _with_user_line(error)),
-            fingerprint(schedule), schedule, about)
+            fingerprint(_every_rank(schedule)), schedule, about)
     everyone = comm.allgather_obj(mine)
     # From here on every rank reaches the same verdict from the same data: the errors are
     # ``consistent`` (raised on every rank, so each can report it; no abort is needed).
@@ -79,23 +80,49 @@ def check_schedules(comm, schedule, error, about=None):
     if failed:  # the failing rank's error, with its type (a CollectiveMismatchError stays one)
         r, (name, msg) = failed[0]
         raise _consistent(error_of_class(name, f"rank {r} failed to compile the step: {msg}"))
-    prints = {fp for _, fp, _, _ in everyone}
-    if len(prints) == 1:
-        return
     abouts = [a for _, _, _, a in everyone]
     batches = ""
     if all(abouts) and len({a[0] for a in abouts}) > 1:
         batches = f"\nThe ranks' batches differ ({abouts[0][2]}):\n" + "\n".join(
             f"  rank {r}: {a[0]} ({a[1]})" for r, a in enumerate(abouts))
-    schedules = [s for _, _, s, _ in everyone]
-    for i in range(max(len(s) for s in schedules)):
-        column = [s[i] if i < len(s) else ("<none>", "-") for s in schedules]
-        if len({c[0] for c in column}) > 1:
-            lines = "\n".join(f"  rank {r}: {c[0]} at {c[1]}" for r, c in enumerate(column))
+    if len({fp for _, fp, _, _ in everyone}) > 1:
+        _first_difference(dict(enumerate(_every_rank(s) for _, _, s, _ in everyone)), batches)
+    groups: dict = {}  # rows only one communicator's processes compare, by its label
+    for r, (_, _, s, _) in enumerate(everyone):
+        for label, rows in _within_groups(s).items():
+            groups.setdefault(label, {})[r] = rows
+    for label, by_rank in sorted(groups.items()):
+        if len({repr([t for t, _ in rows]) for rows in by_rank.values()}) > 1:
+            _first_difference(by_rank, batches, f" of communicator {label}")
+
+
+def _every_rank(schedule) -> list:
+    """The rows every rank compares (not those of one communicator's processes only)."""
+    return [row for row in schedule if not row[0].startswith(WITHIN)]
+
+
+def _within_groups(schedule) -> dict:
+    """{communicator label: its rows}: what only that communicator's processes compare (a
+    model-parallel device group's buckets: ``graph/passes/bucketing.py``)."""
+    out: dict = {}
+    for text, where in schedule:
+        if text.startswith(WITHIN):
+            label, rest = text[len(WITHIN):].split(": ", 1)
+            out.setdefault(label, []).append((rest, where))
+    return out
+
+
+def _first_difference(by_rank: dict, batches: str, among: str = ""):
+    """Raise the error naming the first row where ``by_rank``'s schedules differ."""
+    for i in range(max(len(s) for s in by_rank.values())):
+        column = {r: s[i] if i < len(s) else ("<none>", "-") for r, s in by_rank.items()}
+        if len({c[0] for c in column.values()}) > 1:
+            lines = "\n".join(f"  rank {r}: {c[0]} at {c[1]}" for r, c in column.items())
             raise _consistent(CollectiveMismatchError(
-                f"processes disagree about cross-process collective #{i}:\n{lines}{batches}"))
+                f"processes disagree about cross-process collective #{i}{among}:\n{lines}"
+                f"{batches}"))
     raise _consistent(CollectiveMismatchError(
-        f"processes disagree about their collective schedule{batches}"))
+        f"processes disagree about their collective schedule{among}{batches}"))
 
 
 def on_every_call(comm, schedule, what: str):
@@ -105,7 +132,7 @@ def on_every_call(comm, schedule, what: str):
     differs. None where there is nothing to agree on (one process, no exchange)."""
     if comm.size == 1 or not schedule:
         return None
-    fp = int(fingerprint(schedule)[:15], 16) or 1
+    fp = int(fingerprint(_every_rank(schedule))[:15], 16) or 1
 
     def agree_on_call():
         agree(comm, FUNCTION, fp, describe=lambda: (

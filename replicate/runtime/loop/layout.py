@@ -22,6 +22,7 @@ from ...compiler import compile_step
 from ...context import ReplicaContext
 from ...errors import ReplicateError
 from ...model_parallel import Where
+from ...sharding import reshard
 from ..checks import nan_check
 from ..communication.comm import add_group, group
 from ..variables import owners
@@ -96,7 +97,10 @@ class Layout:
                                self.comm.size, r, k) for r in range(k)]
 
     def connect(self) -> None:
-        """Split the device and replica groups' communicators (every rank, at construction)."""
+        """Split the device and replica groups' communicators (every rank, at construction),
+        and cut the sharded optimiser state for this process's data-parallel group (its
+        device's processes: ``sharding.reshard``)."""
+        reshard(self.comm, self.groups, self.group)
         if self.m == 1:
             return
         if self.m not in _SPLITS:
