@@ -5,6 +5,11 @@ sizes, from which ``scaleout_model.py`` is calibrated.
 
     sudo python bench/multihost.py            # needs root: the cluster of tests/cluster.py
     sudo python bench/multihost.py --quick
+    sudo python bench/multihost.py --chain    # the two-level chain on 2 and 3 hosts x 2
+
+``--chain``: the two-level all-reduce alone (``CHAIN_MB``), 2 and 3 hosts of 2 processes at
+200 Mbit/s (link-bound), as it is (a middle host passes results back while partials still come
+in) and with the chain as it was (``in_order_chain``: every partial up, then every result back).
 
 Hosts: network, UTS, IPC and mount namespaces on one machine (``tests/cluster.py``), joined by
 veths limited on both ends with ``tc tbf``; every rank's traffic goes over TCP (UCX) or gloo's
@@ -44,11 +49,54 @@ ROWS = {"replicate plain": {}, "replicate overlap": {"overlap": True},
 DDP = "PyTorch DDP (gloo)"
 
 
+CHAIN_MB = 8
+
+
 # -- the worker (one rank) ---------------------------------------------------------------------
-def allreduce_runner(elements):
+def in_order_chain(self, rows, op, out):
+    """The baseline row's chain (``hierarchy.Levels._chain`` before middle hosts interleaved):
+    every partial up the chain, then every result back; the same sums in the same order."""
     import numpy as np
 
+    from replicate.runtime.communication import hierarchy as H
+
+    step = max(1, H.settings().network_chunk_bytes // out.itemsize)
+    h, last, starts, sends = self.host, self.hosts - 1, range(0, out.size, step), []
+
+    def recv(n, source, tag):
+        buf = np.empty(n, out.dtype)
+        self.cross.Recv(buf, source=source, tag=tag)
+        return buf
+    for lo in starts:
+        piece = out[lo:lo + step]
+        if h == 0:
+            H.combine(rows[:, lo:lo + step], op, piece)
+        else:
+            piece[...] = recv(piece.size, h - 1, H._FORWARD)
+            for row in rows:
+                H.UFUNC[op](piece, row[lo:lo + step], out=piece)
+        if h < last or h > 0:
+            sends.append(self.cross.Isend(piece, dest=h + 1 if h < last else h - 1,
+                                          tag=H._FORWARD if h < last else H._BACK))
+    if h < last:
+        for i, lo in enumerate(starts):
+            piece = out[lo:lo + step]
+            result = recv(piece.size, h + 1, H._BACK)
+            sends[i].Wait()
+            piece[...] = result
+            if h > 0:
+                sends.append(self.cross.Isend(piece, dest=h - 1, tag=H._BACK))
+    self.MPI.Request.Waitall(sends)
+
+
+def allreduce_runner(elements, in_order=False):
+    import numpy as np
+
+    from replicate.runtime.communication import hierarchy
     from replicate.runtime.communication.comm import world
+
+    if in_order:
+        hierarchy.Levels._chain = in_order_chain
 
     x = np.ones(elements, np.float32)
 
@@ -71,7 +119,7 @@ def worker(args):
     if args.row == DDP:
         run = ddp_mlp(comm, params, x, y, socket.gethostbyname(socket.gethostname()))
     elif args.row.startswith("allreduce"):
-        run = allreduce_runner(int(args.row.split()[1]))
+        run = allreduce_runner(int(args.row.split()[1]), in_order="in order" in args.row)
     else:
         run, variables = replicate_mlp(params, x, y, options=json.loads(args.options))
     run(2)  # warm-up (and the one trace)
@@ -162,6 +210,26 @@ def two_by_two(cluster, args):
     return out
 
 
+def chain(cluster, args):
+    """{row: seconds per all-reduce}: the two-level chain on 2 and 3 hosts x 2 processes."""
+    cluster.set_rate("200mbit")
+    out, elements = {}, CHAIN_MB << 18
+    for hosts in (2, 3):
+        for how in ("", " in order"):
+            got = job(cluster, args, f"allreduce {elements}{how}", 2 * hosts, ppn=2)
+            out[f"{hosts} hosts x 2{how or ' (as it is)'}"] = got and got["median"] / args.steps
+            print(f"[bench] {hosts} hosts{how}: {got}", file=sys.stderr, flush=True)
+    return out
+
+
+def report_chain(times, command):
+    cells = [[row, "n/a" if t is None else f"{t * 1e3:.0f}"] for row, t in times.items()]
+    out = "\n".join([C.header(f"The two-level chain: an all-reduce of {CHAIN_MB} MB at 200 Mbit/s",
+                              command), C.table(["hosts, chain", "ms per all-reduce"], cells)])
+    print(out)
+    return out
+
+
 def report(table, check, command):
     cells, targets = [], []
     for rate, rows in table.items():
@@ -204,6 +272,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per job")
     ap.add_argument("--pairs", type=int, default=2, help="1- and 2-host jobs per row")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per job")
+    ap.add_argument("--chain", action="store_true", help="the two-level chain on 2 and 3 hosts")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -222,6 +291,15 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the cluster is removed on exit)
     folder = os.path.join(C.RESULTS_DIR, ".multihost")
     os.makedirs(folder, exist_ok=True)
+    if args.chain:
+        try:
+            with Cluster(3, folder) as cluster:
+                times = chain(cluster, args)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        text = report_chain(times, "python bench/multihost.py --chain")
+        C.save_json("multihost-chain", {"machine": C.machine(), "times": times, "markdown": text})
+        return
     try:
         with Cluster(4, folder) as cluster:
             check = two_by_two(cluster, args)
