@@ -8,7 +8,8 @@
 Options before the script: ``-n N``, ``-m module``, ``--prefix-rank`` (every line a rank prints
 through Python starts with ``[rank] ``), ``--max-restarts N`` (run the job again after a failure,
 at most N times: ``replicate/launch/restart.py``), ``--min-procs M`` (with ``--max-restarts``: a
-host that no longer answers is left out, down to M processes: ``replicate/launch/hosts.py``); any
+host that no longer answers, or whose ranks ended two attempts, is left out, down to M processes:
+``replicate/launch/hosts.py``); any
 other option goes to ``mpiexec`` as written
 (``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
 value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.

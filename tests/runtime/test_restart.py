@@ -219,6 +219,39 @@ def test_hosts_ranks_per_host_and_the_hosts_left_out(tmp_path):
     assert hosts.shrink(4, ["--hosts", "a,b"], dict(env, HYDRA_LAUNCHER="slurm"), 1, "") is None
 
 
+@pytest.mark.parametrize("host,kept", [("b", "a:1\nc:1\n"), ("c", "a:1\nb:1\n"),
+                                       ("", "a:1\nc:1\n")])
+def test_a_host_whose_rank_ended_two_attempts_is_left_out_by_the_launcher(
+        tmp_path, monkeypatch, capsys, host, kept):
+    """The launcher's count of failing hosts reaches ``hosts.shrink`` (no processes: the
+    attempts are stand-ins, each ending with rank 1 killed at another step). The host counted
+    is where the rank's record says it ran (``c``: not where hydra's placement puts rank 1), or
+    the placement's when the record names none."""
+    from replicate.launch import launcher
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a:1\nb:1\nc:1\n")
+    shim = tmp_path / "shim"
+    shim.write_text("#!/bin/sh\nexit 0\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("HYDRA_LAUNCHER_EXEC", str(shim))
+    seen = []
+
+    def attempt(cmd, env, n, stopped, mpi_args=()):
+        seen.append((n, open(mpi_args[1]).read() if mpi_args else ""))
+        # rank 1 (host b) killed at a different step each time: a fault, not a bug
+        return 1, {"rank": 1, "host": host, "step": len(seen), "why": ""}
+
+    monkeypatch.setattr(launcher, "_attempt", attempt)
+    monkeypatch.setattr(launcher, "find_mpiexec", lambda: "mpiexec")
+    code = launcher.main(["-n", "3", "-f", str(hostfile), "--max-restarts", "2", "--min-procs",
+                          "2", "x.py"])
+    assert code == 1
+    assert [n for n, _ in seen] == [3, 3, 2] and seen[2][1] == kept, seen
+    assert f"host(s) {host or 'b'} had ranks end two attempts: left out" in \
+        capsys.readouterr().err
+
+
 def test_the_launcher_shares_blas_threads_by_the_ranks_on_one_host():
     import os
 

@@ -361,6 +361,11 @@ def test_the_launchers_verdict_from_the_ranks_records():
     assert "ranks [0, 1, 2] exited early (code 0)" in text, text
     code, text = verdict(0, three, 3, first=None, together=[0, 2])  # rank 1 not among them
     assert "ranks [0, 1, 2] exited early (code 0)" in text, text
+    # rank 1 left no record (its host did not answer): it is named, not rank 0, which ended
+    # first here because mpiexec ended it
+    code, text = verdict(9, {0: rec(status.RUNNING, 7)}, 2, first=0, together=[0])
+    assert code == 9 and "ranks [1] left no record here" in text, text
+    assert "rank 0 ended first" not in text, text
     # rank 1 ran on another host (its record fetched): rank 0 here ended first, but that
     # says nothing about rank 1; rank 1 is behind, so it is named, with its host
     away = {**three, 1: dict(three[1], host="g")}
