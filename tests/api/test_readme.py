@@ -30,6 +30,8 @@ CLAIMS = {  # a line of a block -> what its output must hold
     "rp.cond((t // 4) * 4 == t": "[False, False, False, True, False, False, False, True]",
     'print(rep.restore(pattern, state))': "30\nTrue\n",
     "print(seen.numpy(), int(opt.optimizer.step.numpy()))": "[64 64] 2",
+    "print(resumed_at, restarted.tobytes() == uninterrupted.tobytes())": "10 True\n",
+    'print(report["parameters"], report["optimizer_state"])': "262144 524296\n",
 }
 
 
