@@ -237,7 +237,8 @@ def test_every_process_plans_the_same_buckets(options):
     agree: a plan that differed would mix the processes' buffers."""
     steps = [_compiled(3, r, options=options, loss_scale="dynamic") for r in range(3)]
     assert len({len(s.executable.graph.nodes) for s in steps}) > 1  # (the graphs differ)
-    assert _exchanges(steps[1].executable.graph) == _exchanges(steps[0].executable.graph)
+    first = _exchanges(steps[0].executable.graph)
+    assert first and all(_exchanges(s.executable.graph) == first for s in steps[1:])
     assert steps[1].schedule == steps[0].schedule == steps[2].schedule
 
 
