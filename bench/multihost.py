@@ -217,7 +217,7 @@ def chain(cluster, args):
     for hosts in (2, 3):
         for how in ("", " in order"):
             got = job(cluster, args, f"allreduce {elements}{how}", 2 * hosts, ppn=2)
-            out[f"{hosts} hosts x 2{how or ' (as it is)'}"] = got and got["median"] / args.steps
+            out[f"{hosts} hosts x 2{how or ' (as it is)'}"] = got and got["median"]
             print(f"[bench] {hosts} hosts{how}: {got}", file=sys.stderr, flush=True)
     return out
 
