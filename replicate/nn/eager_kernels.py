@@ -213,5 +213,37 @@ def attention_weights(q, k, scale, causal):
     return ATTENTION(arrays, scale, causal)
 
 
-__all__ = ["ATTENTION", "ENABLED", "FAST_DTYPES", "LINEAR", "Kernel", "attention_weights",
-           "eager_operands", "linear"]
+# -- ReLU: ``maximum(x, 0)``, its gradient ``g * cast(x >= 0)`` (vjp_rules' "maximum") ---------
+def _relu_fwd(x):
+    return reference.IMPL["maximum"](x, x.dtype.type(0.0)), (x,)
+
+
+def _relu_bwd(res, g, needs):
+    x, = res
+    mask = np.greater_equal(x, x.dtype.type(0.0)).astype(g.dtype)
+    return (np.multiply(g, mask, out=mask),)
+
+
+def _relu_slow_fwd(x):
+    return rnp.maximum(x, 0.0), (x,)
+
+
+def _relu_slow_bwd(res, g):
+    x, = res
+    return VJP["maximum"](g, None, (True, False), x, rnp.zeros((), x.dtype))[:1]
+
+
+RELU = Kernel("relu", _relu_fwd, _relu_bwd, _relu_slow_fwd, _relu_slow_bwd)
+
+
+def relu(x):
+    """``max(x, 0)`` (``rp.nn.relu``): one kernel in eager mode where it may (float32 or
+    float64), else the primitive."""
+    arrays = eager_operands(x)
+    if arrays is None:
+        return rnp.maximum(x, 0.0)
+    return RELU(arrays)
+
+
+__all__ = ["ATTENTION", "ENABLED", "FAST_DTYPES", "LINEAR", "Kernel", "RELU",
+           "attention_weights", "eager_operands", "linear", "relu"]
