@@ -33,13 +33,16 @@ ENABLED = True  # (False: every layer runs op by op — what the tests compare t
 
 
 def eager_operands(*xs) -> list | None:
-    """The operands as Arrays (a Variable read) when the layer may take the NumPy road: eager
-    mode, every operand an Array or Variable of one dtype, float32 or float64; else None."""
+    """The operands as Arrays (a Variable read, a NumPy array wrapped) when the layer may take
+    the NumPy road: eager mode, every operand an Array, Variable or NumPy array of one dtype,
+    float32 or float64; else None."""
     if not ENABLED or current_trace() is not None:
         return None
     arrays = []
     for x in xs:
-        if not isinstance(x, Array):
+        if type(x) is np.ndarray and x.dtype.name in FAST_DTYPES:
+            x = concrete(x)  # (what ``rnp.as_array`` makes of it)
+        elif not isinstance(x, Array):
             read = getattr(x, "read", None)
             if read is None:
                 return None

@@ -205,3 +205,29 @@ def test_a_relu_mlp_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch
     assert len(fast) == len(plain) > 10
     for k, (got, want) in enumerate(zip(fast, plain)):
         np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+
+
+def test_a_numpy_input_takes_the_kernels_with_the_same_values(tmp_path):
+    """A layer called on a NumPy array (eager code without ``rp.function``) runs its kernel,
+    with the values the definition gives on it."""
+    layer = rp.nn.Conv2d(2, 3, 3, padding=1)
+    x = rng.standard_normal((4, 2, 5, 5)).astype(np.float32)
+    logits = rng.standard_normal((4, 3)).astype(np.float32)
+    labels = rng.integers(0, 3, 4)
+    got = {}
+    for fast in (True, False):
+        ek.ENABLED = fast
+        try:
+            path = str(tmp_path / f"{fast}.json")
+            with rp.profile.recording(path):
+                y = layer(x)
+                loss = rnp.sum(y) + rp.nn.softmax_cross_entropy(logits, labels).mean() + \
+                    rnp.sum(rp.nn.relu(logits))
+                got[fast] = [y, loss, *rp.grad(loss, list(layer.parameters().values()))]
+        finally:
+            ek.ENABLED = True
+        names = {e["name"] for e in rp.profile.load(path) if e.get("cat") == "compute"}
+        kernels = ("conv2d backward", "relu", "softmax_cross_entropy")  # (not primitives)
+        assert [k in names for k in kernels] == [fast] * 3, names
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
