@@ -299,9 +299,13 @@ def bench_model(kind, quick):
 
 
 def model_builders(kind, quick):
-    """{row: build() -> (step, finish)} of model ``kind``, and the warm-up and round counts
-    (also ``bench/step_time_cputime.py``'s rows)."""
-    if kind == "mlp":
+    """{row: build() -> (step, finish)} of model ``kind`` ("mlp", "conv"; "mlp-small": the MLP
+    256-512-512-10 at batch 128), and the warm-up and round counts (also
+    ``bench/step_time_cputime.py``'s rows)."""
+    if kind == "mlp-small":  # (issue 29's eager MLP: 256-512-512-10, batch 128)
+        kind = "mlp"
+        params, x, y = mlp_init((256, 512, 512, 10), 128)
+    elif kind == "mlp":
         sizes = (784, 128, 128, 10) if quick else MLP_SIZES
         params, x, y = mlp_init(sizes, 32 if quick else MLP_BATCH)
     else:

@@ -6,6 +6,7 @@ against ``jax.jit``, graph NumPy against the hand-written NumPy step.
 
     OMP_NUM_THREADS=1 taskset -c 1 python bench/step_time_cputime.py mlp 20
     OMP_NUM_THREADS=1 taskset -c 1 python bench/step_time_cputime.py conv 20 "eager,PyTorch"
+    OMP_NUM_THREADS=1 taskset -c 1 python bench/step_time_cputime.py mlp-small 60 "eager,PyTorch"
 """
 
 from __future__ import annotations

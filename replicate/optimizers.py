@@ -37,6 +37,16 @@ class _Traced:
     value = staticmethod(lambda x: x)
     sqrt, power, where = staticmethod(rnp.sqrt), staticmethod(rnp.power), staticmethod(rnp.where)
     cast = staticmethod(rnp.cast)
+    minus = staticmethod(lambda a, b: a - b)
+
+
+def _minus_into(a, b):
+    """``a - b`` written into ``b`` where it fits (same shape, ``b``'s dtype the result's):
+    ``b`` is a temporary the update made, so eager mode makes one array fewer."""
+    if type(b) is np.ndarray and b.flags.writeable and np.shape(a) == b.shape \
+            and np.result_type(a, b) == b.dtype:
+        return np.subtract(a, b, out=b)
+    return a - b
 
 
 class _Eager:
@@ -47,6 +57,7 @@ class _Eager:
     value = staticmethod(lambda x: x.value if isinstance(x, Array) else np.asarray(x))
     sqrt, power, where = staticmethod(np.sqrt), staticmethod(np.power), staticmethod(np.where)
     cast = staticmethod(lambda x, dtype: _Eager.value(x).astype(dtype, copy=False))
+    minus = staticmethod(_minus_into)
 
 
 _TRACED, _EAGER = _Traced, _Eager
@@ -74,9 +85,10 @@ class Optimizer(TraceKeyed):
     parameter assigned from outside (a checkpoint, pretrained weights) is noticed at the next
     update: its master copy restarts from it."""
 
-    # ``update`` is written with ``self.xp`` (``read``, ``sqrt``, ``power``, ``cast``, ``where``)
-    # and arithmetic, so eager mode may run it on NumPy arrays; a subclass whose ``update``
-    # uses ``replicate.numpy`` directly leaves this False and runs op by op in eager mode
+    # ``update`` is written with ``self.xp`` (``read``, ``sqrt``, ``power``, ``cast``, ``where``,
+    # ``minus(a, b)``: ``a - b`` for a temporary ``b``) and arithmetic, so eager mode may run
+    # it on NumPy arrays; a subclass whose ``update`` uses ``replicate.numpy`` directly leaves
+    # this False and runs op by op in eager mode
     eager_numpy = False
     __getattr__ = habits.answers(habits.OPTIMIZER)  # (opt.zero_grad(), ...)
 
@@ -202,7 +214,7 @@ class SGD(Optimizer):
             v = self.momentum * self.xp.read(self.velocity[i]) + g
             self.velocity[i].assign(v)
             g = g + self.momentum * v if self.nesterov else v
-        return p - lr * g
+        return self.xp.minus(p, lr * g)
 
 
 class Adam(Optimizer):
@@ -230,7 +242,7 @@ class Adam(Optimizer):
         if keep is not None:  # decoupled weight decay: p (1 - lr wd)
             p = p * keep
         # PyTorch's order: lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        return p - m / (xp.sqrt(v) / root2 + self.eps) * step_size
+        return xp.minus(p, m / (xp.sqrt(v) / root2 + self.eps) * step_size)
 
     def apply(self, grads) -> None:
         try:

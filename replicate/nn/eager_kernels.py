@@ -21,23 +21,28 @@ from .. import numpy as rnp
 from .. import profile as _profile
 from ..dtypes import autocast_dtype
 from ..errors import source_line, user_frame
-from ..graph import reference
+from ..graph import conv, reference
 from ..graph.autodiff import backward_region
 from ..graph.core import Array, Node, bind, concrete, current_trace
 from ..graph.vjp_rules import VJP, _matmul_rhs_grad, unbroadcast
+from ..numpy._linalg import _check_window as check_window
+from ..numpy._linalg import _geometry as conv_geometry
 
 FAST_DTYPES = frozenset(["float32", "float64"])
 ENABLED = True  # (False: every layer runs op by op — what the tests compare the kernels with)
 
 
 def eager_operands(*xs) -> list | None:
-    """The operands as Arrays (a Variable read) when the layer may take the NumPy road: eager
-    mode, every operand an Array or Variable of one dtype, float32 or float64; else None."""
+    """The operands as Arrays (a Variable read, a NumPy array wrapped) when the layer may take
+    the NumPy road: eager mode, every operand an Array, Variable or NumPy array of one dtype,
+    float32 or float64; else None."""
     if not ENABLED or current_trace() is not None:
         return None
     arrays = []
     for x in xs:
-        if not isinstance(x, Array):
+        if type(x) is np.ndarray and x.dtype.name in FAST_DTYPES:
+            x = concrete(x)  # (what ``rnp.as_array`` makes of it)
+        elif not isinstance(x, Array):
             read = getattr(x, "read", None)
             if read is None:
                 return None
@@ -213,5 +218,88 @@ def attention_weights(q, k, scale, causal):
     return ATTENTION(arrays, scale, causal)
 
 
-__all__ = ["ATTENTION", "ENABLED", "FAST_DTYPES", "LINEAR", "Kernel", "attention_weights",
-           "eager_operands", "linear"]
+# -- ReLU: ``maximum(x, 0)``, its gradient ``g * cast(x >= 0)`` (vjp_rules' "maximum") ---------
+def _relu_fwd(x):
+    return reference.IMPL["maximum"](x, x.dtype.type(0.0)), (x,)
+
+
+def _relu_bwd(res, g, needs):
+    x, = res
+    mask = np.greater_equal(x, x.dtype.type(0.0)).astype(g.dtype)
+    return (np.multiply(g, mask, out=mask),)
+
+
+def _relu_slow_fwd(x):
+    return rnp.maximum(x, 0.0), (x,)
+
+
+def _relu_slow_bwd(res, g):
+    x, = res
+    return VJP["maximum"](g, None, (True, False), x, rnp.zeros((), x.dtype))[:1]
+
+
+RELU = Kernel("relu", _relu_fwd, _relu_bwd, _relu_slow_fwd, _relu_slow_bwd)
+
+
+def relu(x):
+    """``max(x, 0)`` (``rp.nn.relu``): one kernel in eager mode where it may (float32 or
+    float64), else the primitive."""
+    arrays = eager_operands(x)
+    if arrays is None:
+        return rnp.maximum(x, 0.0)
+    return RELU(arrays)
+
+
+# -- Conv2d with a bias: the im2col the forward made is kept for the weight gradient ----------
+def _bias_axes(g):
+    """The axes ``unbroadcast`` sums ``g`` (N, O, OH, OW) over for a (1, O, 1, 1) bias."""
+    return tuple(i for i in range(g.ndim) if i != 1 and g.shape[i] != 1)
+
+
+def _conv_fwd(x, w, b, stride, padding, dilation):
+    y, cols = conv.conv2d_keeping_cols(x, w, stride, padding, dilation)
+    np.add(y, b.reshape((1, -1, 1, 1)), out=y)
+    return y, (cols, x.shape, w, (stride, padding, dilation))
+
+
+def _conv_bwd(res, g, needs):
+    cols, x_shape, w, (stride, padding, dilation) = res
+    dx = reference.IMPL["conv2d_input_grad"](g, w, size=x_shape[2:], stride=stride,
+                                             padding=padding, dilation=dilation) \
+        if needs[0] else None
+    dw = conv.conv2d_weight_grad_from_cols(cols, g, w.shape[2:]) if needs[1] else None
+    db = np.add.reduce(g, axis=_bias_axes(g)).reshape(w.shape[:1]) if needs[2] else None
+    return dx, dw, db
+
+
+def _conv_slow_fwd(x, w, b, stride, padding, dilation):
+    geometry = dict(stride=stride, padding=padding, dilation=dilation)
+    y = bind("conv2d", x, w, **geometry) + rnp.reshape(b, (1, -1, 1, 1))
+    return y, (x, w, b, geometry)
+
+
+def _conv_slow_bwd(res, g):
+    x, w, b, geometry = res
+    dx, dw = VJP["conv2d"](g, None, (True, True), x, w, **geometry)
+    return dx, dw, rnp.reshape(unbroadcast(g, (1, b.shape[0], 1, 1)), b.shape)
+
+
+CONV2D = Kernel("conv2d", _conv_fwd, _conv_bwd, _conv_slow_fwd, _conv_slow_bwd)
+
+
+def conv2d(x, weight, bias, stride, padding, dilation):
+    """``conv2d(x, weight) + bias`` per output channel (``rp.nn.Conv2d``): one kernel in eager
+    mode where it may (float32 or float64, no autocast; a bad geometry raises as
+    ``rnp.conv2d``), else None (the caller runs the ops)."""
+    arrays = eager_operands(x, weight, bias)
+    if arrays is None or autocast_dtype() is not None or arrays[0].ndim != 4 \
+            or arrays[1].ndim != 4 or arrays[0].shape[1] != arrays[1].shape[1] \
+            or arrays[2].shape != arrays[1].shape[:1]:
+        return None
+    geometry = conv_geometry(stride, padding, dilation)
+    check_window(arrays[0].shape[2:], arrays[1].shape[2:], geometry)
+    return CONV2D(arrays, geometry["stride"], geometry["padding"], geometry["dilation"])
+
+
+__all__ = ["ATTENTION", "CONV2D", "ENABLED", "FAST_DTYPES", "LINEAR", "Kernel", "RELU",
+           "attention_weights", "conv2d", "eager_operands", "linear", "relu"]

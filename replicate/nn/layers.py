@@ -11,6 +11,7 @@ from ..context import num_replicas
 from ..errors import ReplicateError
 from ..state import Variable
 from . import init
+from .eager_kernels import conv2d as eager_conv2d
 from .eager_kernels import linear
 from .functional import flatten, upsample
 from .module import Module
@@ -68,6 +69,10 @@ class Conv2d(Module):
         self.stride, self.padding, self.dilation = stride, padding, dilation
 
     def forward(self, x):
+        if self.bias is not None:  # eager mode: one kernel where it may (eager_kernels.py)
+            y = eager_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+            if y is not None:
+                return y
         y = rnp.conv2d(x, self.weight, self.stride, self.padding, self.dilation)
         if self.bias is not None:
             y = y + rnp.reshape(self.bias.read(), (1, -1, 1, 1))

@@ -1,5 +1,5 @@
 """Eager mode's NumPy kernels (``replicate/nn/eager_kernels.py``): LayerNorm and the tanh GELU
-(written-out gradients), Linear and attention's weights. The forward and the gradients are the
+(written-out gradients), Linear, attention's weights and ReLU. The forward and the gradients are the
 ``replicate.numpy`` definition's to the bit — one layer and a whole GPT step —, the second and
 third derivatives the definition's own, and a layer runs as two kernels rather than op by op."""
 
@@ -24,21 +24,23 @@ def _layers(fast):
     ln = wg.layer_norm if fast else wg._layer_norm
     gelu = wg.gelu_tanh if fast else wg._gelu_tanh
     lin = ek.linear if fast else (lambda x, w, b: rnp.matmul(x, w) + b)
+    relu = ek.relu if fast else (lambda x: rnp.maximum(x, 0.0))
     att = ek.attention_weights if fast else (lambda q, k, scale, causal: rp.graph.core.bind(
         "attention_weights", q, k, scale=scale, causal=causal, masking="none"))
     return {"layer_norm": lambda x, w, b: ln(x, w, b, 1e-5),
             "gelu": lambda x, w, b: gelu(x) * w + b,
             # (a square weight: x @ w keeps the shape; the attention's queries x, keys x * w)
             "linear": lambda x, w, b: lin(x, w[:, None] * b[None, :], b),
-            "attention": lambda x, w, b: rnp.matmul(att(x, x * w, 0.3, True), x) + b}
+            "attention": lambda x, w, b: rnp.matmul(att(x, x * w, 0.3, True), x) + b,
+            "relu": lambda x, w, b: relu(x) * w + b}
 
 
 def _kernel(name):
     return {"layer_norm": wg.LAYER_NORM_KERNEL, "gelu": wg.GELU_KERNEL, "linear": ek.LINEAR,
-            "attention": ek.ATTENTION}[name].name
+            "attention": ek.ATTENTION, "relu": ek.RELU}[name].name
 
 
-NAMES = ["layer_norm", "gelu", "linear", "attention"]
+NAMES = ["layer_norm", "gelu", "linear", "attention", "relu"]
 
 
 def _bits(a):
@@ -48,7 +50,7 @@ def _bits(a):
 
 @pytest.mark.parametrize("name,shape,dtype", [  # (Linear and attention: 2-D operands and more)
     (name, shape, dtype) for name in NAMES for shape, dtype in CASES
-    if len(shape) > 1 or name in ("layer_norm", "gelu")])
+    if len(shape) > 1 or name in ("layer_norm", "gelu", "relu")])
 def test_forward_and_gradients_equal_the_definition_bitwise(name, shape, dtype):
     x = (rng.standard_normal(shape) * 2.5 + 0.3).astype(dtype)
     w, b = (rng.standard_normal(shape[-1:]).astype(dtype) for _ in range(2))
@@ -95,8 +97,26 @@ def test_an_eager_layer_runs_as_two_kernels(name, tmp_path):
         ops[fast] = [e["name"] for e in rp.profile.load(path) if e.get("cat") == "compute"]
     kernel = _kernel(name)
     assert [n for n in ops[True] if n.startswith(kernel)] == [kernel, f"{kernel} backward"]
-    assert len(ops[True]) + {"linear": 5, "attention": 6}.get(name, 15) <= len(ops[False]), \
-        (ops[True], ops[False])
+    fewer = {"linear": 5, "attention": 6, "relu": 2}.get(name, 15)
+    assert len(ops[True]) + fewer <= len(ops[False]), (ops[True], ops[False])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # (inf * 0: both roads)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_at_zero_signed_zero_nan_and_infinity_is_the_definitions(dtype):
+    """ReLU's kernel at the edges: ``maximum(x, 0)`` (NaN stays NaN, -0.0 against 0.0) and
+    the gradient ``g * (x >= 0)`` (1 at both zeros, a signed zero where masked, NaN from an
+    infinite or NaN cotangent), bit for bit."""
+    edges = np.array([-1.5, -0.0, 0.0, 2.0, np.nan, np.inf, -np.inf, 1e-40, -1e-40], dtype)
+    x = np.concatenate([edges, edges[::-1]])
+    g = np.array([-2.0, np.inf, -0.5, np.nan, 3.0, -1.0, np.inf, -0.0, 0.0] * 2, dtype)
+    out = {}
+    for fast in (True, False):
+        xa = rnp.asarray(x)
+        y = _layers(fast)["relu"](xa, rnp.ones((), dtype), rnp.zeros((), dtype))
+        out[fast] = [y, rp.grad(rnp.sum(y * g), xa)]
+    for got, want in zip(out[True], out[False]):
+        np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, rp.dtypes.bfloat16])
@@ -158,3 +178,56 @@ def test_a_gpt_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch):
     assert len(fast) == len(plain) > 30
     for k, (got, want) in enumerate(zip(fast, plain)):
         np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+
+
+def _mlp_steps(seed):
+    """Two SGD (momentum) steps of a ReLU MLP: the losses, then every parameter and slot."""
+    rs = np.random.default_rng(seed)
+    model = rp.nn.Sequential(rp.nn.Linear(12, 32), rp.nn.relu, rp.nn.Linear(32, 32),
+                             rp.nn.relu, rp.nn.Linear(32, 5))
+    for p in model.parameters().values():
+        p.load(rs.standard_normal(p.shape).astype(np.float32) * 0.4)
+    opt = rp.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        x = rnp.asarray(rs.standard_normal((9, 12)).astype(np.float32))
+        loss = rp.nn.softmax_cross_entropy(model(x), rnp.asarray(rs.integers(0, 5, 9))).mean()
+        opt.apply(rp.grad(loss, model.parameters()))
+        losses.append(loss.numpy())
+    return losses + [v.numpy() for v in opt.variables().values()] + \
+        [p.numpy() for p in model.parameters().values()]
+
+
+def test_a_relu_mlp_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch):
+    fast = _mlp_steps(4)
+    monkeypatch.setattr(ek, "ENABLED", False)
+    plain = _mlp_steps(4)
+    assert len(fast) == len(plain) > 10
+    for k, (got, want) in enumerate(zip(fast, plain)):
+        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+
+
+def test_a_numpy_input_takes_the_kernels_with_the_same_values(tmp_path):
+    """A layer called on a NumPy array (eager code without ``rp.function``) runs its kernel,
+    with the values the definition gives on it."""
+    layer = rp.nn.Conv2d(2, 3, 3, padding=1)
+    x = rng.standard_normal((4, 2, 5, 5)).astype(np.float32)
+    logits = rng.standard_normal((4, 3)).astype(np.float32)
+    labels = rng.integers(0, 3, 4)
+    got = {}
+    for fast in (True, False):
+        ek.ENABLED = fast
+        try:
+            path = str(tmp_path / f"{fast}.json")
+            with rp.profile.recording(path):
+                y = layer(x)
+                loss = rnp.sum(y) + rp.nn.softmax_cross_entropy(logits, labels).mean() + \
+                    rnp.sum(rp.nn.relu(logits))
+                got[fast] = [y, loss, *rp.grad(loss, list(layer.parameters().values()))]
+        finally:
+            ek.ENABLED = True
+        names = {e["name"] for e in rp.profile.load(path) if e.get("cat") == "compute"}
+        kernels = ("conv2d backward", "relu", "softmax_cross_entropy")  # (not primitives)
+        assert [k in names for k in kernels] == [fast] * 3, names
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(_bits(a), _bits(b))

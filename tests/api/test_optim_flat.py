@@ -102,3 +102,24 @@ def test_a_group_is_updated_in_place_of_its_buffer_after_the_first_step():
     assert base is not None and all(p.value.base is base for p in params)
     assert [p.numpy().tolist() for p in params] == [[[-2.0, -2.0], [-2.0, -2.0]],
                                                     [-1.0, -1.0, -1.0], 0.0]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", *MAKERS])
+def test_an_eager_update_writes_no_array_that_another_holder_still_reads(name):
+    """Eager updates write their result into a temporary of their own (``xp.minus``), never
+    into what a tape or the caller still holds: the parameters' and slots' values read before
+    the update (a tape's residuals), and the gradients passed in, stay as they were."""
+    make = {"sgd": lambda ps: rp.optim.SGD(ps, lr=0.1),
+            "adam": lambda ps: rp.optim.Adam(ps, lr=0.1)}.get(name) or MAKERS[name]
+    rng = np.random.default_rng(5)
+    shapes = [(200, 100), (3, 4), (7,)]  # (one large parameter: a group of its own)
+    params = [rp.Variable(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    opt = make(params)
+    for step in range(3):
+        held = [v.read() for v in [*params, *opt.variables().values()]]
+        grads = [rnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+        copies = [np.array(a.numpy(), copy=True) for a in held + grads]
+        opt.apply(grads)
+        for k, (a, want) in enumerate(zip(held + grads, copies)):
+            np.testing.assert_array_equal(_bits(a.numpy()), _bits(want), err_msg=f"{step} {k}")
+        assert not np.array_equal(params[0].numpy(), copies[0])  # (the update happened)

@@ -349,3 +349,27 @@ def test_shape_errors_name_the_operands():
     with pytest.raises(rp.ReplicateError, match="non-negative"):
         bind("conv2d", rnp.ones((1, 1, 4, 4)), rnp.ones((1, 1, 3, 3)), stride=(1, 1),
              padding=((-1, 0), (0, 0)), dilation=(1, 1))
+
+
+def test_the_phased_col2im_gives_the_strided_one_bit_for_bit(monkeypatch):
+    """The input gradient of strided, overlapping windows adds into the stride's phases
+    (``conv._col2im_phased``): the same additions in the same order as adding into the strided
+    view of the input, so the same bits — over random geometries, chunked batches included."""
+    geometries = [g for g in random_geometries(60, 9, asymmetric=True)
+                  if max(g[2]) > 1 and any(s < d * (k - 1) + 1 for s, d, k in
+                                           zip(g[2], g[4], g[1][2:])) and g[1][0] > 1]
+    geometries.append(((5, 3, 12, 11), (4, 3, 3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)))
+    assert len(geometries) >= 10
+    rng = np.random.default_rng(4)
+    row = conv.conv2d_input_grad_row(np)
+    for xs, ws, stride, padding, dilation in geometries:
+        size = conv.out_size(xs[2:], ws[2:], stride, padding, dilation)
+        g = rng.standard_normal((xs[0], ws[0]) + size).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        got = row(g, w, xs[2:], stride, padding, dilation)
+        with monkeypatch.context() as m:
+            m.setattr(conv, "_col2im_phased", lambda xp, dx, cols, spans, stride: conv._col2im(
+                dx, lambda t, a, b, i, j: t.__iadd__(cols[:, a, b, :, i, j]), spans, stride))
+            want = row(g, w, xs[2:], stride, padding, dilation)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                      err_msg=str((xs, ws, stride, padding, dilation)))
