@@ -119,16 +119,21 @@ def test_relu_at_zero_signed_zero_nan_and_infinity_is_the_definitions(dtype):
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
-@pytest.mark.parametrize("dtype", [np.float16, rp.dtypes.bfloat16])
-def test_low_precision_and_mixed_dtypes_take_the_definition(dtype):
-    x = rng.standard_normal((3, 8)).astype(np.float32)
-    w = np.ones(8, np.float32)
-    low = [rnp.asarray(x.astype(dtype)), rnp.asarray(w.astype(dtype)), rnp.asarray(w * 0)]
-    fast, plain = _layers(True), _layers(False)
-    for name in ("layer_norm", "gelu"):
-        got, want = fast[name](*low), plain[name](*low)
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(_bits(got), _bits(want))
+@pytest.mark.parametrize("name,dtypes", [  # (the attention primitive takes one dtype only)
+    (name, dtypes) for name in NAMES
+    for dtypes in [(np.float16,) * 3, (rp.dtypes.bfloat16,) * 3,
+                   (np.float32, np.float64, np.float64), (np.float64, np.float32, np.float32)]
+    if name != "attention" or len(set(dtypes)) == 1])
+def test_low_precision_and_mixed_dtypes_take_the_definition(name, dtypes):
+    """Operands of a low precision, or of two dtypes, take the definition: its dtype (a float64
+    weight makes a float64 result) and its bits (a float16 LayerNorm on the NumPy road differs
+    by 2e-3)."""
+    x = rng.standard_normal((3, 8)) * 2.5 + 0.3
+    w, b = rng.standard_normal(8), rng.standard_normal(8)
+    args = [rnp.asarray(a.astype(d)) for a, d in zip((x, w, b), dtypes)]
+    got, want = _layers(True)[name](*args), _layers(False)[name](*args)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
 def _gpt_step(seed):

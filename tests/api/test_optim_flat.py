@@ -100,6 +100,12 @@ def test_a_group_is_updated_in_place_of_its_buffer_after_the_first_step():
         opt.apply([np.ones(p.shape, np.float32) for p in params])
     base = params[0].value.base
     assert base is not None and all(p.value.base is base for p in params)
+    from replicate.optim_flat import Group  # the pieces of a buffer give the buffer itself
+    group = Group([0, 1, 2], [(2, 2), (3,), ()])
+    buffer = np.arange(8, dtype=np.float32)
+    assert group.flat(group.split(buffer), np.float32) is buffer
+    assert group.flat([np.ones((2, 2), np.float32), np.ones(3, np.float32),
+                       np.ones((), np.float32)], np.float32).base is None  # (else a copy)
     assert [p.numpy().tolist() for p in params] == [[[-2.0, -2.0], [-2.0, -2.0]],
                                                     [-1.0, -1.0, -1.0], 0.0]
 
