@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eager_steps import assert_kernels_change_no_bit, two_steps
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -99,27 +100,14 @@ def test_conv_layer_errors_and_other_roads_are_the_ops():
 
 
 def _conv_net_steps(seed):
-    rs = np.random.default_rng(seed)
     model = rp.nn.Sequential(rp.nn.Conv2d(3, 6, 3, padding=1), rp.nn.relu,
                              rp.nn.Conv2d(6, 8, 3, stride=2, padding=1), rp.nn.relu,
                              rp.nn.Flatten(), rp.nn.Linear(8 * 5 * 5, 4))
-    for p in model.parameters().values():
-        p.load(rs.standard_normal(p.shape).astype(np.float32) * 0.3)
     opt = rp.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for _ in range(2):
-        x = rnp.asarray(rs.standard_normal((5, 3, 10, 10)).astype(np.float32))
-        loss = rp.nn.softmax_cross_entropy(model(x), rnp.asarray(rs.integers(0, 4, 5))).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
-        losses.append(loss.numpy())
-    return losses + [v.numpy() for v in opt.variables().values()] + \
-        [p.numpy() for p in model.parameters().values()]
+    return two_steps(model, opt, lambda rs: (
+        rnp.asarray(rs.standard_normal((5, 3, 10, 10)).astype(np.float32)),
+        rnp.asarray(rs.integers(0, 4, 5))), seed, scale=0.3)
 
 
 def test_a_conv_net_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch):
-    fast = _conv_net_steps(6)
-    monkeypatch.setattr(ek, "ENABLED", False)
-    plain = _conv_net_steps(6)
-    assert len(fast) == len(plain) > 10
-    for k, (got, want) in enumerate(zip(fast, plain)):
-        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+    assert_kernels_change_no_bit(monkeypatch, lambda: _conv_net_steps(6), 10)

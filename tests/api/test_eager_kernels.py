@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eager_steps import assert_kernels_change_no_bit, two_steps, with_and_without
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -140,7 +141,6 @@ def _gpt_step(seed):
     """Two AdamW steps of a small GPT (embeddings, pre-LayerNorm block of causal attention and a
     GELU MLP, head): the losses, then every parameter and slot."""
     d, t, vocab = 16, 8, 11
-    rs = np.random.default_rng(seed)
 
     class Block(rp.nn.Module):
         def __init__(self):
@@ -162,54 +162,28 @@ def _gpt_step(seed):
             return self.head(self.lnf(x))
 
     model = Block()
-    for p in model.parameters().values():
-        p.load(rs.standard_normal(p.shape).astype(np.float32) * 0.3)
     opt = rp.optim.AdamW(model.parameters(), lr=0.01)
-    losses = []
-    for _ in range(2):
-        ids = rs.integers(0, vocab, (3, t))
-        loss = rp.nn.softmax_cross_entropy(model(rnp.asarray(ids)),
-                                           rnp.asarray(rs.integers(0, vocab, (3, t)))).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
-        losses.append(loss.numpy())
-    return losses + [v.numpy() for v in opt.variables().values()] + \
-        [p.numpy() for p in model.parameters().values()]
+    return two_steps(model, opt, lambda rs: (rnp.asarray(rs.integers(0, vocab, (3, t))),
+                                             rnp.asarray(rs.integers(0, vocab, (3, t)))),
+                     seed, scale=0.3)
 
 
 def test_a_gpt_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch):
-    fast = _gpt_step(3)
-    monkeypatch.setattr(ek, "ENABLED", False)
-    plain = _gpt_step(3)
-    assert len(fast) == len(plain) > 30
-    for k, (got, want) in enumerate(zip(fast, plain)):
-        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+    assert_kernels_change_no_bit(monkeypatch, lambda: _gpt_step(3), 30)
 
 
 def _mlp_steps(seed):
     """Two SGD (momentum) steps of a ReLU MLP: the losses, then every parameter and slot."""
-    rs = np.random.default_rng(seed)
     model = rp.nn.Sequential(rp.nn.Linear(12, 32), rp.nn.relu, rp.nn.Linear(32, 32),
                              rp.nn.relu, rp.nn.Linear(32, 5))
-    for p in model.parameters().values():
-        p.load(rs.standard_normal(p.shape).astype(np.float32) * 0.4)
     opt = rp.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for _ in range(2):
-        x = rnp.asarray(rs.standard_normal((9, 12)).astype(np.float32))
-        loss = rp.nn.softmax_cross_entropy(model(x), rnp.asarray(rs.integers(0, 5, 9))).mean()
-        opt.apply(rp.grad(loss, model.parameters()))
-        losses.append(loss.numpy())
-    return losses + [v.numpy() for v in opt.variables().values()] + \
-        [p.numpy() for p in model.parameters().values()]
+    return two_steps(model, opt, lambda rs: (
+        rnp.asarray(rs.standard_normal((9, 12)).astype(np.float32)),
+        rnp.asarray(rs.integers(0, 5, 9))), seed)
 
 
 def test_a_relu_mlp_step_with_the_kernels_equals_it_op_by_op_bitwise(monkeypatch):
-    fast = _mlp_steps(4)
-    monkeypatch.setattr(ek, "ENABLED", False)
-    plain = _mlp_steps(4)
-    assert len(fast) == len(plain) > 10
-    for k, (got, want) in enumerate(zip(fast, plain)):
-        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"value {k}")
+    assert_kernels_change_no_bit(monkeypatch, lambda: _mlp_steps(4), 10)
 
 
 def test_a_numpy_input_takes_the_kernels_with_the_same_values(tmp_path):
@@ -219,20 +193,15 @@ def test_a_numpy_input_takes_the_kernels_with_the_same_values(tmp_path):
     x = rng.standard_normal((4, 2, 5, 5)).astype(np.float32)
     logits = rng.standard_normal((4, 3)).astype(np.float32)
     labels = rng.integers(0, 3, 4)
-    got = {}
+
+    def fn():
+        y = layer(x)
+        loss = rnp.sum(y) + rp.nn.softmax_cross_entropy(logits, labels).mean() + \
+            rnp.sum(rp.nn.relu(logits))
+        return [y, loss, *rp.grad(loss, list(layer.parameters().values()))]
+    got = with_and_without(fn, tmp_path)
+    kernels = ("conv2d backward", "relu", "softmax_cross_entropy")  # (not primitives)
     for fast in (True, False):
-        ek.ENABLED = fast
-        try:
-            path = str(tmp_path / f"{fast}.json")
-            with rp.profile.recording(path):
-                y = layer(x)
-                loss = rnp.sum(y) + rp.nn.softmax_cross_entropy(logits, labels).mean() + \
-                    rnp.sum(rp.nn.relu(logits))
-                got[fast] = [y, loss, *rp.grad(loss, list(layer.parameters().values()))]
-        finally:
-            ek.ENABLED = True
-        names = {e["name"] for e in rp.profile.load(path) if e.get("cat") == "compute"}
-        kernels = ("conv2d backward", "relu", "softmax_cross_entropy")  # (not primitives)
-        assert [k in names for k in kernels] == [fast] * 3, names
-    for a, b in zip(got[True], got[False]):
+        assert [k in got[fast][1] for k in kernels] == [fast] * 3, got[fast][1]
+    for a, b in zip(got[True][0], got[False][0]):
         np.testing.assert_array_equal(_bits(a), _bits(b))

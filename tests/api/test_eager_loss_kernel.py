@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eager_steps import with_and_without
 
 import replicate as rp
 import replicate.numpy as rnp
@@ -84,16 +85,9 @@ def test_labels_the_kernel_does_not_take_are_the_definitions(monkeypatch, labels
 
 def test_the_loss_runs_as_two_kernels(tmp_path):
     x = rnp.asarray(rng.standard_normal((8, 5)).astype(np.float32))
-    ops = {}
-    for fast in (True, False):
-        ek.ENABLED = fast
-        try:
-            path = str(tmp_path / f"{fast}.json")
-            with rp.profile.recording(path):
-                rp.grad(rnp.mean(rp.nn.softmax_cross_entropy(x, rng.integers(0, 5, 8))), x)
-        finally:
-            ek.ENABLED = True
-        ops[fast] = [e["name"] for e in rp.profile.load(path) if e.get("cat") == "compute"]
+    got = with_and_without(lambda: rp.grad(rnp.mean(rp.nn.softmax_cross_entropy(
+        x, rng.integers(0, 5, 8))), x), tmp_path)
+    ops = {fast: names for fast, (_, names) in got.items()}
     assert [n for n in ops[True] if n.startswith("softmax_cross_entropy")] == [
         "softmax_cross_entropy", "softmax_cross_entropy backward"]
     assert len(ops[True]) + 20 <= len(ops[False]), (ops[True], ops[False])
