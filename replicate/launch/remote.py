@@ -29,8 +29,7 @@ def fetch(folder: str, mpi_args: list[str], environ, n: int) -> dict[int, dict]:
     """{rank: record} from every host of the job but this one; {} when no host is named, or the
     hosts are not reached the ssh way (a scheduler's launcher: then nothing is fetched)."""
     prefix = hosts.prober(environ)
-    here = socket.gethostname()
-    names = sorted(set(hosts.rank_hosts(n, mpi_args)) - {here})
+    names = sorted(h for h in set(hosts.rank_hosts(n, mpi_args)) if not this_host(h))
     if prefix is None or not names:
         return {}
     cmd = [sys.executable, "-m", "replicate.launch.remote", folder]
@@ -52,6 +51,15 @@ def fetch(folder: str, mpi_args: list[str], environ, n: int) -> dict[int, dict]:
             continue
         found.update(parse(out))
     return found
+
+
+def this_host(name: str) -> bool:
+    """Whether ``name`` is this machine as a host file names it (its name, short or full, or
+    ``localhost`` and loopback addresses): hydra starts its ranks here without ssh, and their
+    records are in the launcher's own folder."""
+    here = socket.gethostname()
+    return name in ("localhost", "::1", here, here.split(".")[0]) or name.startswith("127.") \
+        or name.split(".")[0] == here  # (no name lookup: it can wait seconds on a DNS timeout)
 
 
 def parse(text: str) -> dict[int, dict]:

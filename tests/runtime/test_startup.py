@@ -408,6 +408,10 @@ def test_a_rank_on_another_host_keeps_its_record_there_for_the_launcher_to_fetch
     got = remote.parse("a login banner\n" + result.stdout)
     assert list(got) == [3] and got[3]["step"] == 12 and got[3]["why"] == "KeyError: 7", got
     assert got[3]["state"] == status.FAILED and got[3]["host"] and not folder.exists()
+    import socket
+
+    assert all(remote.this_host(h) for h in ("localhost", "127.0.0.1", socket.gethostname()))
+    assert not remote.this_host("node1-of-another-machine")
     held = tmp_path / "held"  # a launcher's own folder: read, not removed
     held.mkdir(mode=0o700)
     status.Record(str(held / "rank-0"))
