@@ -118,6 +118,30 @@ def measure_many(builders: dict, *, warmup: int = 3, rounds: int = 10, calls: in
     return [rows[name] for name in builders]
 
 
+def cpu_times(builders: dict, rounds: int, want=None, skip=(), warmup: int = 2) -> dict:
+    """{row: [CPU seconds of each round]}: each builder's ``(fn, finish)`` built once, warmed up,
+    then timed by the process's CPU time in ``rounds`` interleaved rounds (the rows named in
+    ``skip``, or not matching any of ``want``, left out). For a machine other jobs load."""
+    import numpy as np
+
+    rows = {}
+    for name, build in builders.items():
+        if name in skip or (want and not any(w in name for w in want)):
+            continue
+        fn, finish = build()
+        finish = finish or np.asarray
+        rows[name] = (fn, finish)
+        for _ in range(warmup):
+            finish(fn())
+    times = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, (fn, finish) in rows.items():
+            t0 = time.process_time()
+            finish(fn())
+            times[name].append(time.process_time() - t0)
+    return times
+
+
 def _reason(e: Exception) -> str:
     msg = str(e).strip()
     return f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"[:160]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +22,7 @@ PEERS = {"replicate eager (numpy)": "PyTorch eager", "replicate graph jax": "jax
 
 
 def main(argv):
-    import numpy as np
+    import _common as C
     import step_time as S
     import torch
 
@@ -31,22 +30,8 @@ def main(argv):
     kind, rounds = argv[0], int(argv[1])
     want = argv[2].split(",") if len(argv) > 2 else None
     builders, _, _ = S.model_builders(kind, quick=False)
-    rows = {}
-    for name, build in builders.items():
-        if name in ("torch.compile", "replicate graph cupy") or \
-                (want and not any(w in name for w in want)):
-            continue
-        fn, finish = build()
-        finish = finish or np.asarray
-        rows[name] = (fn, finish)
-        for _ in range(3):
-            finish(fn())
-    times = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, (fn, finish) in rows.items():
-            t0 = time.process_time()
-            finish(fn())
-            times[name].append(time.process_time() - t0)
+    times = C.cpu_times(builders, rounds, want, skip=("torch.compile", "replicate graph cupy"),
+                        warmup=3)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"{kind}, CPU ms per step over {rounds} interleaved rounds, load "
           f"{os.getloadavg()[0]:.1f}")

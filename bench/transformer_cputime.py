@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv):
-    import numpy as np
+    import _common as C
     import torch
     import transformer as T
 
@@ -27,21 +26,8 @@ def main(argv):
     want = argv[2].split(",") if len(argv) > 2 else None
     cfg = T.SIZES[size]
     params, ids, targets = T.init(cfg)
-    rows = {}
-    for name, build in T.builders(cfg, params, ids, targets).items():
-        if name == "torch.compile" or (want and not any(w in name for w in want)):
-            continue
-        fn, finish = build()
-        finish = finish or np.asarray
-        rows[name] = (fn, finish)
-        for _ in range(2):
-            finish(fn())
-    times = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, (fn, finish) in rows.items():
-            t0 = time.process_time()
-            finish(fn())
-            times[name].append(time.process_time() - t0)
+    times = C.cpu_times(T.builders(cfg, params, ids, targets), rounds, want,
+                        skip=("torch.compile",), warmup=2)
     ref = statistics.median(times[T.REF]) if T.REF in times else None
     print(f"{size} GPT, CPU ms per step over {rounds} interleaved rounds, load "
           f"{os.getloadavg()[0]:.1f}")
