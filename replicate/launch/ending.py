@@ -116,8 +116,8 @@ def culprit(records: dict, first=None, together=(), n: int | None = None,
     unseen = [r for r in range(n or 0) if r not in records]
     if unseen and not with_reason:
         return {"rank": unseen, "host": "", "step": None, "why": ""}
-    first, together, across = _evidence(unfinished, first, together, here)
     here = socket.gethostname() if here is None else here
+    first, together, across = _evidence(unfinished, first, together, here)
     if with_reason or failed:
         rank = (with_reason or failed)[0]
     elif first in unfinished:
