@@ -32,10 +32,35 @@ def _rsqrt(x, out):
     return np.divide(1.0, out, out=out)
 
 
+_BITS = {1: (np.int8, np.uint8), 2: (np.int16, np.uint16), 4: (np.int32, np.uint32),
+         8: (np.int64, np.uint64)}
+
+
 def _select(c, a, b, out):
-    # safe when ``out`` is ``a`` or ``b`` (the memory plan may write in place)
-    np.copyto(out, a, where=c)
-    np.copyto(out, b, where=np.logical_not(c))
+    """``where(c, a, b)`` into ``out`` by bits: ``((a ^ b) & mask) ^ b`` on the values' bit
+    patterns, the mask all ones where ``c``. Every value's bits are kept (-0.0, NaN payloads)
+    and there is no branch per element: NumPy's masked copy (``copyto(where=)``, ``np.where``)
+    branches per element and is 5-15x slower on a mask with no pattern (a ReLU's). Safe when
+    ``out`` is ``a``, ``b`` or ``c`` (the memory plan may write in place)."""
+    a, b = np.asarray(a), np.asarray(b)
+    kinds = _BITS.get(out.dtype.itemsize)
+    in_a, in_b = np.may_share_memory(out, a), np.may_share_memory(out, b)
+    if kinds is None or a.dtype != out.dtype or b.dtype != out.dtype or (in_a and in_b):
+        np.copyto(out, a, where=c)  # (a masked copy: right whatever out shares)
+        np.copyto(out, b, where=np.logical_not(c))
+        return out
+    signed, bits = kinds
+    mask = np.empty(out.shape, signed)
+    if in_b:  # keep a: ((a ^ b) & ~mask) ^ a, the mask all ones where not c
+        np.subtract(c, 1, out=mask, dtype=signed)
+        keep = a.view(bits)
+    else:
+        np.subtract(0, c, out=mask, dtype=signed)
+        keep = b.view(bits)
+    o = out.view(bits)
+    np.bitwise_xor(a.view(bits), b.view(bits), out=o)
+    np.bitwise_and(o, mask.view(bits), out=o)
+    np.bitwise_xor(o, keep, out=o)
     return out
 
 
