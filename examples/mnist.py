@@ -81,8 +81,8 @@ def main(argv=None):
     k = 1 if args.mode == "eager" else args.replicas_per_rank
 
     x_train, y_train, x_test, y_test = digits()
+    rnp.random.seed(args.seed)  # the dropout layers' streams: seeded before they are built
     model = Net(np.random.default_rng(args.seed))
-    rnp.random.seed(args.seed)  # the dropout layers' streams
     replicas = rp.process_count() * k
     if args.batch_size % replicas or args.test_batch_size % replicas:
         raise SystemExit(f"--batch-size and --test-batch-size must divide over {replicas} replicas")
