@@ -6,6 +6,7 @@ the API reference has a docstring."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import glob
 import hashlib
 import html
@@ -71,7 +72,9 @@ class _Links(html.parser.HTMLParser):
             self.links.append(target)
 
 
+@functools.lru_cache(maxsize=None)
 def _parse(path):
+    """A built page's links and ids, parsed once (a page is the target of many anchored links)."""
     parser = _Links()
     with open(path) as f:
         parser.feed(f.read())
