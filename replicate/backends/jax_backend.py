@@ -31,6 +31,7 @@ from jax.experimental import checkify
 
 from .. import profile
 from ..errors import add_note
+from ..graph.index_check import HostIndices
 from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
@@ -94,9 +95,12 @@ class _Segment:
         self.nodes, self.reads, self.writes, self.donate = nodes, reads, writes, donate
         self.program, self.apply = program, apply
         # XLA clamps an out-of-range gather index (a silently wrong value): a segment that
-        # indexes with arrays is checked (checkify) and the host raises IndexError instead;
-        # likewise ValueError for an integer to a negative power (XLA gives a number)
-        self.gathers = [n for n in nodes if REGISTRY[n.prim].indexes and len(n.inputs) > 1]
+        # indexes with arrays made on the device is checked (checkify) and the host raises
+        # IndexError instead (index arrays from the host: checked there before the call,
+        # ``JaxProgram.host_indices``); likewise ValueError for an integer to a negative power
+        # (XLA gives a number)
+        self.gathers = [n for n in nodes if REGISTRY[n.prim].indexes and len(n.inputs) > 1
+                        and id(n) not in program.host_indices.nodes]
         errors = (checkify.index_checks if self.gathers else frozenset()) | (
             checkify.user_checks if any(pow_checked(n) for n in nodes) else frozenset())
         self.checked = bool(errors)
@@ -169,6 +173,7 @@ class JaxProgram:
 
     def __init__(self, graph):
         self.graph, self.traces = graph, 0
+        self.host_indices = HostIndices(graph)  # index arrays checked on the host, not in XLA
         self._views: dict = {}  # id(output view) -> (view, device array): last call's outputs
         self.n_inputs = len(graph.inputs)
         slot = {x.id: i for i, x in enumerate(graph.inputs)}
@@ -300,6 +305,7 @@ class JaxProgram:
             elif i in self.donated and isinstance(x, jax.Array):
                 x = jnp.array(x, copy=True)  # never donate an array the caller holds
             env[i] = x
+        self.host_indices.check(env, to_host=np.asarray)  # before anything runs
         profiler = profile.active()
         for n, (is_jit, a, b, c) in enumerate(self.steps):
             start = profiler.now() if profiler is not None else 0

@@ -461,3 +461,39 @@ def test_missing_jax_is_a_clear_error(monkeypatch):
     with pytest.raises(rp.ReplicateError, match="jax"):
         rp.function(lambda x: x, backend="jax")
     assert "jax" not in available() and "numpy" in available()
+
+
+@only_jax
+def test_index_arrays_from_the_host_are_checked_there_not_in_xla():
+    """XLA clamps an out-of-range gather index, so the backend checks every index array: one
+    that comes in from the host (labels, token ids, through reshapes) on the host before the
+    call — nothing is added to the XLA program (checkify costs a conv net's step 3 %) — and one
+    computed in the step with ``checkify``. Both raise NumPy's IndexError; nothing is written."""
+    table = rp.Variable(np.arange(40.0).reshape(10, 4), name="table")
+
+    def lookup(ids):
+        out = table[ids.reshape(-1)].sum()
+        table.assign(table * 2.0)
+        return out
+
+    def computed(x):
+        out = table[rnp.argmax(x, axis=-1) * 3].sum()  # an index made in the step
+        table.assign(table * 2.0)
+        return out
+
+    f, g = rp.function(lookup, backend="jax"), rp.function(computed, backend="jax")
+    ids, x = np.array([[1, 2], [3, 9]]), np.eye(4)[[0, 1, 3]]
+    assert float(f(ids)) == float(np.arange(40.0).reshape(10, 4)[[1, 2, 3, 9]].sum())
+    program = f.executable(ids).run
+    assert len(program.host_indices.plans) == 1
+    assert not any(step[1].checked for step in program.steps if step[0])  # no checkify
+    float(g(x))  # indices 0, 3, 9: inside
+    assert any(step[1].checked for step in g.executable(x).run.steps if step[0])
+    before = table.numpy().copy()
+    with pytest.raises(IndexError, match="index 12 is out of bounds for axis 0 with size 10"):
+        f(np.array([[1, 12]]))
+    with pytest.raises(IndexError, match="index -11 is out of bounds for axis 0 with size 10"):
+        f(np.array([[-11, 0]]))
+    with pytest.raises(IndexError, match="out of bounds"):
+        g(np.eye(5)[[4]])  # argmax 4 -> index 12
+    np.testing.assert_array_equal(table.numpy(), before)  # no call wrote the variable
