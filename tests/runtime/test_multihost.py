@@ -180,7 +180,8 @@ def test_a_rank_on_another_host_is_named_with_its_step_and_line_and_its_folder_r
     cmd = c.enter(0, PROGRAMS) + [sys.executable, "-m", "replicate.launch", "-n", "2", "-f",
                                   c.hostfile(), "--max-restarts", "2", "faults_resume.py", out,
                                   "--steps", "8", "--raise-at", "4"]
-    result = run(cmd, env=c.env(child_env()), timeout=TIMEOUT)
+    env = c.env(child_env())
+    result = run(cmd, env=env, timeout=TIMEOUT)
     text = report(result)
     assert result.returncode != 0, text
     assert "[replicate.launch] restart 1 of 2: rank 1 on node1 failed at step 4: ValueError: " \
@@ -188,7 +189,9 @@ def test_a_rank_on_another_host_is_named_with_its_step_and_line_and_its_folder_r
     assert "ValueError: boom at step 4 — the same failure at the same step as the last attempt: " \
         "a bug, not a fault; not restarting" in result.stderr, text
     assert result.stdout.count(" attempt ") == 4 and "left no record" not in result.stderr, text
-    assert c.shell(1, "ls -d /tmp/replicate-launch-* 2>/dev/null || :") == ""
+    # where the launcher made its folder: its temporary folder (tempfile's order of variables)
+    base = next((env[v] for v in ("TMPDIR", "TEMP", "TMP") if env.get(v)), "/tmp")
+    assert c.shell(1, f"ls -d {base}/replicate-launch-* 2>/dev/null || :") == ""
 
 
 def _run_and_act(c, args, env, marker, act):
