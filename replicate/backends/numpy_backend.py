@@ -51,6 +51,14 @@ def _select(c, a, b, out):
         return out
     signed, bits = kinds
     mask = np.empty(out.shape, signed)
+    if b.ndim == 0 and not b.view(bits):  # b is +0 (a ReLU, its gradient): a & mask
+        np.subtract(0, c, out=mask, dtype=signed)
+        np.bitwise_and(a.view(bits), mask.view(bits), out=out.view(bits))
+        return out
+    if a.ndim == 0 and not a.view(bits):  # a is +0: b & ~mask
+        np.subtract(c, 1, out=mask, dtype=signed)
+        np.bitwise_and(b.view(bits), mask.view(bits), out=out.view(bits))
+        return out
     if in_b:  # keep a: ((a ^ b) & ~mask) ^ a, the mask all ones where not c
         np.subtract(c, 1, out=mask, dtype=signed)
         keep = a.view(bits)

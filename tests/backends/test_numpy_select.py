@@ -53,6 +53,20 @@ def test_the_bits_of_np_where(dtype, shapes):
     np.testing.assert_array_equal(bits(out), bits(want))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("zero", ["+0 as b", "+0 as a", "-0 as b", "-0 as a"])
+def test_a_zero_branch(dtype, zero):
+    """``where(c, x, 0)`` (a ReLU and its gradient) takes a shorter road; -0.0 must not."""
+    sign, side = zero.split(" as ")
+    c, x = rng.random((6, 5)) < 0.5, values(dtype, (6, 5))
+    z = np.array(-0.0 if sign == "-0" else 0).astype(dtype)
+    a, b = (x, z) if side == "b" else (z, x)
+    want = np.where(c, a, b)
+    for out in (np.empty(want.shape, dtype), x):  # x: written in place
+        numpy_backend._select(c, a, b, out)
+        np.testing.assert_array_equal(bits(out), bits(want))
+
+
 IN_PLACE = [(d, into) for d in (np.float32, np.int16, np.bool_)
             for into in ("a", "b", "a and b", "c") if into != "c" or d == np.bool_]
 
