@@ -39,6 +39,11 @@ def _reduce_sum(g, out, needs, x, axes):
     return (rnp.broadcast_to(rnp.reshape(g, _keepdims_shape(x, axes)), x.shape),)
 
 
+def _picked(g, chosen, tie):
+    """``g`` where ``chosen``, ``g / 2`` where ``tie``, 0 elsewhere (a NaN operand: 0)."""
+    return g * (rnp.cast(chosen, g.dtype) + 0.5 * rnp.cast(tie, g.dtype))
+
+
 def _reduce_extremum(g, out, needs, x, axes):
     keep = _keepdims_shape(x, axes)
     mask = rnp.cast(rnp.equal(x, rnp.reshape(out, keep)), g.dtype)
@@ -299,10 +304,13 @@ VJP = RuleTable("vjp", {
     "hypot": _binary(lambda g, o, a, b: g * a / rnp.where(o == 0, 1.0, o),
                      lambda g, o, a, b: g * b / rnp.where(o == 0, 1.0, o)),
     "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
-    "maximum": _binary(lambda g, o, a, b: g * rnp.cast(a >= b, g.dtype),
-                       lambda g, o, a, b: g * rnp.cast(a < b, g.dtype)),
-    "minimum": _binary(lambda g, o, a, b: g * rnp.cast(a <= b, g.dtype),
-                       lambda g, o, a, b: g * rnp.cast(a > b, g.dtype)),
+    # maximum, minimum: the operand picked gets g; at a tie each gets g / 2 (PyTorch's and JAX's
+    # rule, the central difference's, and reduce_max's: tied elements share). ``rp.nn.relu``
+    # has its own rule, 0 at 0 (eager_kernels.py)
+    "maximum": _binary(lambda g, o, a, b: _picked(g, a > b, a == b),
+                       lambda g, o, a, b: _picked(g, a < b, a == b)),
+    "minimum": _binary(lambda g, o, a, b: _picked(g, a < b, a == b),
+                       lambda g, o, a, b: _picked(g, a > b, a == b)),
     "select": _select,
     "cast": _cast,
     "reduce_sum": _reduce_sum,

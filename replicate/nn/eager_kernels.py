@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import numpy as rnp
 from .. import profile as _profile
+from ..custom import custom_vjp
 from ..dtypes import autocast_dtype
 from ..errors import source_line, user_frame
 from ..graph import conv, reference
@@ -218,14 +219,17 @@ def attention_weights(q, k, scale, causal):
     return ATTENTION(arrays, scale, causal)
 
 
-# -- ReLU: ``maximum(x, 0)``, its gradient ``g * cast(x >= 0)`` (vjp_rules' "maximum") ---------
+# -- ReLU: ``maximum(x, 0)``, its gradient ``g`` where ``x > 0``, 0 elsewhere ---------------------
+# 0 at x = 0, as PyTorch's ``relu`` and ``jax.nn.relu`` (a subgradient; ``maximum``'s own rule
+# would give g / 2 there, a tie): its own rule in every mode (``_relu_traced`` below: traced,
+# and eager in the low precisions)
 def _relu_fwd(x):
     return reference.IMPL["maximum"](x, x.dtype.type(0.0)), (x,)
 
 
 def _relu_bwd(res, g, needs):
     x, = res
-    mask = np.greater_equal(x, x.dtype.type(0.0)).astype(g.dtype)
+    mask = np.greater(x, x.dtype.type(0.0)).astype(g.dtype)
     return (np.multiply(g, mask, out=mask),)
 
 
@@ -235,19 +239,27 @@ def _relu_slow_fwd(x):
 
 def _relu_slow_bwd(res, g):
     x, = res
-    return VJP["maximum"](g, None, (True, False), x, rnp.zeros((), x.dtype))[:1]
+    return (rnp.where(x > 0, g, rnp.zeros((), g.dtype)),)
 
 
 RELU = Kernel("relu", _relu_fwd, _relu_bwd, _relu_slow_fwd, _relu_slow_bwd)
 
 
 def relu(x):
-    """``max(x, 0)`` (``rp.nn.relu``): one kernel in eager mode where it may (float32 or
-    float64), else the primitive."""
+    """``max(x, 0)`` (``rp.nn.relu``), gradient 0 at 0: one kernel in eager mode where it may
+    (float32 or float64), else ``maximum`` with the gradient written out (``rp.custom_vjp``)."""
     arrays = eager_operands(x)
     if arrays is None:
-        return rnp.maximum(x, 0.0)
+        return _relu_traced(x)
     return RELU(arrays)
+
+
+@custom_vjp
+def _relu_traced(x):
+    return rnp.maximum(x, 0.0)
+
+
+_relu_traced.defvjp(_relu_slow_fwd, _relu_slow_bwd)
 
 
 # -- Conv2d with a bias: the im2col the forward made is kept for the weight gradient ----------
