@@ -192,15 +192,18 @@ def exclusive():
     return CORES.alone()
 
 
-def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False):
+def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False, job=True):
     """Run ``cmd`` in its own session with a hard timeout: on a hang the job (mpiexec and every
     rank it started) is killed and the test fails; so is it when the test is interrupted
     (``job_cleanup``: the ranks are found by their environment's tag). Returns a
     ``CompletedProcess`` with ``.seconds`` (wall time) added; ``check``: also fail on a nonzero
-    exit."""
+    exit. ``job``: ``cmd`` starts several processes (``mpiexec``, the launcher, a pytest run, a
+    script that starts any of those), so it holds the machine alone (``exclusive``);
+    ``job=False`` for one plain Python process, which shares the cores as an in-process test
+    does (the ``--help`` of every entry, the documentation's blocks, the one-process soaks)."""
     env = dict(env or child_env())
     tag = env[job_cleanup.VAR] = job_cleanup.new_job_tag()
-    with exclusive():
+    with exclusive() if job else contextlib.nullcontext():
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)

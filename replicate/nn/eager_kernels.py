@@ -229,8 +229,8 @@ def _relu_fwd(x):
 
 def _relu_bwd(res, g, needs):
     x, = res
-    mask = np.greater(x, x.dtype.type(0.0)).astype(g.dtype)
-    return (np.multiply(g, mask, out=mask),)
+    # (a select, not g * mask: a masked inf or NaN cotangent gives 0, as PyTorch's and JAX's)
+    return (np.where(np.greater(x, x.dtype.type(0.0)), g, g.dtype.type(0.0)),)
 
 
 def _relu_slow_fwd(x):

@@ -25,7 +25,7 @@ def _layers(fast):
     ln = wg.layer_norm if fast else wg._layer_norm
     gelu = wg.gelu_tanh if fast else wg._gelu_tanh
     lin = ek.linear if fast else (lambda x, w, b: rnp.matmul(x, w) + b)
-    relu = ek.relu if fast else (lambda x: rnp.maximum(x, 0.0))
+    relu = ek.relu if fast else ek._relu_traced
     att = ek.attention_weights if fast else (lambda q, k, scale, causal: rp.graph.core.bind(
         "attention_weights", q, k, scale=scale, causal=causal, masking="none"))
     return {"layer_norm": lambda x, w, b: ln(x, w, b, 1e-5),
@@ -106,8 +106,8 @@ def test_an_eager_layer_runs_as_two_kernels(name, tmp_path):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_relu_at_zero_signed_zero_nan_and_infinity_is_the_definitions(dtype):
     """ReLU's kernel at the edges: ``maximum(x, 0)`` (NaN stays NaN, -0.0 against 0.0) and
-    the gradient ``g * (x >= 0)`` (1 at both zeros, a signed zero where masked, NaN from an
-    infinite or NaN cotangent), bit for bit."""
+    the gradient ``where(x > 0, g, 0)`` (0 at both zeros and where x is NaN, +0 where masked
+    whatever the cotangent, inf and NaN included), bit for bit."""
     edges = np.array([-1.5, -0.0, 0.0, 2.0, np.nan, np.inf, -np.inf, 1e-40, -1e-40], dtype)
     x = np.concatenate([edges, edges[::-1]])
     g = np.array([-2.0, np.inf, -0.5, np.nan, 3.0, -1.0, np.inf, -0.0, 0.0] * 2, dtype)

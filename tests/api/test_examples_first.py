@@ -52,6 +52,7 @@ TRANSFORMER = ["--steps", "8", "--context", "32", "--batch-size", "4", "--d", "3
 
 
 @needs_mpi
+@pytest.mark.mpi
 def test_transformer(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     log, (losses, before, after) = in_process("transformer", tmp_path, *TRANSFORMER)
@@ -69,6 +70,7 @@ def test_transformer(tmp_path, monkeypatch, capsys):
 
 
 @needs_mpi
+@pytest.mark.mpi
 def test_mnist(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     args = ["--steps", "12", "--epochs", "1"]
@@ -105,6 +107,7 @@ def test_ppo_loss_is_the_clipped_surrogate():
 
 
 @needs_mpi
+@pytest.mark.mpi
 def test_ppo(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     args = ["--rollouts", "2", "--rollout", "32", "--envs", "2", "--epochs", "2",

@@ -69,7 +69,7 @@ def test_relu_gradient_is_0_at_0(where, dtype):
 @pytest.mark.parametrize("where", list(RUNS), ids=column)
 def test_relu_second_derivative_is_0(where):
     def f(v):
-        return rp.grad(rnp.sum(rp.grad(rnp.sum(rp.nn.relu(v) * v), v)), v)
+        return (rp.grad(rnp.sum(rp.grad(rnp.sum(rp.nn.relu(v) * v), v)), v),)
 
     got, = _run(f, [X[:5].astype(np.float32)], where)
     # d/dx (relu(x) + x relu'(x)) = 2 relu'(x) (relu'' = 0): 0 at 0
@@ -108,7 +108,7 @@ def test_softplus_derivative_at_0_is_one_half(where):
     x = np.array([-1.0, 0.0, 1.0], np.float32)
 
     def f(v):
-        return rp.grad(rnp.sum(rp.nn.softplus(v)), v)
+        return (rp.grad(rnp.sum(rnp.softplus(v)), v),)
 
     got, = _run(f, [x], where)
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)

@@ -46,7 +46,8 @@ def test_the_documentation_has_python_blocks():
 def test_documentation_block_runs(path, index, block, tmp_path):
     script = tmp_path / f"block{index}.py"
     script.write_text(block)
-    result = run([sys.executable, str(script)], cwd=str(tmp_path), timeout=120, env=child_env())
+    result = run([sys.executable, str(script)], cwd=str(tmp_path), timeout=120, env=child_env(),
+                 job=False)
     assert result.returncode == 0, f"{path}, Python block {index}:\n{report(result)}"
     for line, claim in CLAIMS.items():
         if line in block:

@@ -145,6 +145,7 @@ def test_stop_gradient_is_public():
     assert float(rp.grad(x * rp.stop_gradient(x), x)) == 3.0
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode,k", [("graph", 2), ("eager", 1)])
 def test_across_two_processes(mode, k):
     from conftest import have_mpi, mpirun, report

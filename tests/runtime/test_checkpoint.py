@@ -256,7 +256,7 @@ def _program(tmp_path):
 
 def _run(cmd, cwd, timeout=TIMEOUT):
     """Run a command with a hard timeout (a hang fails the test instead of blocking the suite)."""
-    result = run(cmd, cwd=cwd, timeout=timeout, check=True)
+    result = run(cmd, cwd=cwd, timeout=timeout, check=True, job=cmd[0] != sys.executable)
     return result.stdout, result.stderr
 
 

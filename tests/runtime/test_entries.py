@@ -20,7 +20,7 @@ ENTRIES = [["-m", "replicate"], ["-m", "replicate.launch"], ["-m", "replicate.pr
                          ids=lambda e: e[-1])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_goes_to_stdout_with_exit_code_0(entry, flag):
-    result = run([sys.executable, *entry, flag], cwd=ROOT, env=child_env())
+    result = run([sys.executable, *entry, flag], cwd=ROOT, env=child_env(), job=False)
     assert result.returncode == 0, report(result)
     assert "usage" in result.stdout.lower() and result.stdout.strip(), report(result)
     assert result.stderr.strip() == "", report(result)
@@ -62,7 +62,7 @@ def test_a_folder_named_replicate_in_the_current_folder_is_named_with_the_fix(tm
     code = EDITABLE.format(root=ROOT, package=os.path.join(ROOT, "replicate"), module=module,
                            args=["-n", "1", "train.py"] if module.endswith("launch")
                            else ["train.py"])
-    result = run([sys.executable, "-c", code], cwd=str(tmp_path), env=env)
+    result = run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, job=False)
     assert result.returncode == 2, report(result)
     assert str(tmp_path / "replicate") in result.stderr, report(result)
     assert "run from another folder" in result.stderr and "rename" in result.stderr

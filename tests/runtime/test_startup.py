@@ -402,9 +402,11 @@ def test_a_rank_on_another_host_keeps_its_record_there_for_the_launcher_to_fetch
     code = ("from replicate.runtime.job import status; status.open_record(3); status.set_step(12);"
             "status.set_reason('Traceback...\\n[rank 3] KeyError: 7'); "
             "status.set_state(status.FAILED, 1)")
-    run([sys.executable, "-c", code], env=child_env(REPLICATE_LAUNCH_DIR=str(folder)), check=True)
+    run([sys.executable, "-c", code], env=child_env(REPLICATE_LAUNCH_DIR=str(folder)), check=True,
+        job=False)
     assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
-    result = run([sys.executable, "-m", "replicate.launch.remote", str(folder)], check=True)
+    result = run([sys.executable, "-m", "replicate.launch.remote", str(folder)], check=True,
+                 job=False)
     got = remote.parse("a login banner\n" + result.stdout)
     assert list(got) == [3] and got[3]["step"] == 12 and got[3]["why"] == "KeyError: 7", got
     assert got[3]["state"] == status.FAILED and got[3]["host"] and not folder.exists()
@@ -421,7 +423,8 @@ def test_a_rank_on_another_host_keeps_its_record_there_for_the_launcher_to_fetch
     shared.mkdir()
     shared.chmod(0o777)
     status.Record(str(shared / "rank-0"))
-    result = run([sys.executable, "-m", "replicate.launch.remote", str(shared)], check=True)
+    result = run([sys.executable, "-m", "replicate.launch.remote", str(shared)], check=True,
+                 job=False)
     assert result.stdout == "" and shared.exists()
 
 
