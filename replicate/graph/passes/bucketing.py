@@ -36,7 +36,6 @@ from ... import numpy as rnp
 from ...dtypes import is_float
 from ...errors import source_line
 from ..core import Graph, bind
-from ..primitives import prims_where
 from ..rebuild import Rebuilder
 
 # the exchanges packed: gradient all-reduces, and a sharded step's reduce-scatters of gradients
@@ -84,12 +83,6 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
         for x in n.inputs:
             users.setdefault(x.id, []).append(i)
     out_ids = {o.id for o in graph.outputs}
-    # values another exchange needs (cross-replica BatchNorm's statistics): never in a bucket
-    # with those that leave the step (gradients), which would then wait for the step's middle
-    feeds: set[int] = set()
-    for node in reversed(nodes):
-        if node.prim in COLLECTIVE or node.out.id in feeds:
-            feeds.update(x.id for x in node.inputs)
     groups: dict[tuple, list[_Member]] = {}
     for node in nodes:
         if not bucketable(node):
@@ -108,7 +101,7 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
             first_use = min(first_use, len(nodes))
         # (dependent ones: see needed_by below; ``exact``: never compressed)
         key = (node.prim, node.attrs.get("op"), node.out.dtype.str, node.attrs.get("exact"),
-               node.attrs.get("comm"), node.out.id in feeds)
+               node.attrs.get("comm"))
         groups.setdefault(key, []).append(
             _Member(node, pre, ready, first_use, index[node.out.id] if sharded else ready))
     buckets = []
@@ -281,40 +274,13 @@ def communication_first(graph: Graph) -> Graph:
         elif node.prim == "mpi_allreduce" or node.out.id in later:
             later.update(x.id for x in node.inputs)
             later.add(node.out.id)
-    first = by_exchange_depth([n for n in graph.nodes if n.out.id in needed])
+    first = [n for n in graph.nodes if n.out.id in needed]
     second = [n for n in graph.nodes if n.out.id in later and n.out.id not in needed]
     order = first + second + [n for n in graph.nodes
                               if n.out.id not in needed and n.out.id not in later]
     if all(a is b for a, b in zip(order, graph.nodes)):
         return graph
     return Graph(graph.inputs, order, graph.outputs, graph.meta.copy())
-
-
-# what talks to the other processes (a step with any but plain all-reduces keeps its order: a
-# sharded step's exchanges must come in one order on every process, a pipeline's sends and
-# receives in the order that cannot deadlock)
-_EXCHANGES = prims_where(exchange=True)
-
-
-def by_exchange_depth(nodes: list) -> list:
-    """``nodes`` (a valid order) sorted stably by their exchange depth: the most all-reduces
-    on a path to them (an all-reduce at its input's depth, its readers one deeper). Still a
-    valid order (a reader is at least as deep as what it reads, and later where as deep), and
-    every computation of one depth comes before the first use of an all-reduce of that depth,
-    so the all-reduces of one depth can share a bucket: cross-replica BatchNorm's mean and
-    mean of squares, whose combine the rewrite emits right after the last replica's mean, and
-    whose result's first use (the 1/R scaling) then came before that replica's mean of squares
-    — 21 exchanges of 512 bytes in a GAN step with 2 replicas a process, not 9."""
-    if any(n.prim in _EXCHANGES and (n.prim != "mpi_allreduce" or n.attrs.get("shard")
-                                     or n.attrs.get("exact")) for n in nodes):
-        return nodes
-    depth: dict[int, int] = {}  # node -> its depth
-    seen: dict[int, int] = {}  # value -> the depth its readers are at least at
-    for n in nodes:
-        depth[n.out.id] = max((seen.get(x.id, 0) for x in n.inputs), default=0)
-        seen[n.out.id] = depth[n.out.id] + (n.prim == "mpi_allreduce")
-    at = {n.out.id: i for i, n in enumerate(nodes)}
-    return sorted(nodes, key=lambda n: (depth[n.out.id], at[n.out.id]))
 
 
 def gathers_last(graph: Graph) -> Graph:
