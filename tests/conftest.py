@@ -192,6 +192,9 @@ def exclusive():
     return CORES.alone()
 
 
+JOB_LOG = os.environ.get("REPLICATE_TESTS_JOB_LOG")
+
+
 def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False, job=True):
     """Run ``cmd`` in its own session with a hard timeout: on a hang the job (mpiexec and every
     rank it started) is killed and the test fails; so is it when the test is interrupted
@@ -218,6 +221,11 @@ def run(cmd, *, cwd=PROGRAMS, timeout=TIMEOUT, env=None, check=False, job=True):
             job_cleanup.kill_job(proc, tag)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     result.seconds = time.monotonic() - t0
+    if JOB_LOG:  # where the suite's time goes: docs/development/tests.md
+        with open(JOB_LOG, "a") as f:
+            f.write(f"{result.seconds:.2f}\t{int(job)}\t"
+                    f"{os.environ.get('PYTEST_CURRENT_TEST', '?').rsplit(' ', 1)[0]}\t"
+                    f"{' '.join(map(str, cmd))[:200]}\n")
     if check:
         assert result.returncode == 0, report(result)
     return result

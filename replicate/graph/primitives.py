@@ -290,3 +290,10 @@ def prims_where(**flags) -> frozenset:
     "reduce")``."""
     return frozenset(name for name, p in REGISTRY.items()
                      if all(getattr(p, k) == v for k, v in flags.items()))
+
+
+def shown_attrs(attrs: dict) -> dict:
+    """``attrs`` without the passes' private tags (names starting with ``_``, such as the
+    rewrite's ``_exchange``/``_after`` that bucketing plans from): what a graph prints and what
+    the ranks compare in their collective schedules."""
+    return {k: v for k, v in attrs.items() if not k.startswith("_")}

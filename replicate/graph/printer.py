@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import REGISTRY
+from .primitives import REGISTRY, shown_attrs
 
 
 def _names():
@@ -54,7 +54,7 @@ def format_graph(graph, indent: str = "", gen=None, names=None) -> str:
 
     lines = [indent + "{ lambda " + " ".join(typed(x) for x in graph.inputs) + " ."]
     for node in graph.nodes:
-        attrs = {k: v for k, v in node.attrs.items() if k != "body"}
+        attrs = {k: v for k, v in shown_attrs(node.attrs).items() if k != "body"}
         prim = node.prim
         spec = REGISTRY.get(prim)
         if spec is not None and spec.placeholder:  # not communication yet: say so

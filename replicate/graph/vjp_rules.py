@@ -227,7 +227,9 @@ def _all_gather(g, out, needs, x, *, num_replicas, replica, seq, axis, tiled):
 def _broadcast(g, out, needs, x, *, num_replicas, replica, seq, root):
     total = bind_collective("all_reduce", g, op="sum", num_replicas=num_replicas,
                             replica=replica)
-    return (total if replica == root else rnp.zeros_like(total),)
+    # (a select, not a Python branch: every replica traces the same step, so every process
+    # plans the same gradient buckets from it — ``replicate_collectives.upstream_collectives``)
+    return (rnp.where(replica == root, total, rnp.zeros_like(total)),)
 
 
 def _reduce_scatter(g, out, needs, x, *, num_replicas, replica, seq, op, axis):

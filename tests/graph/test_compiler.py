@@ -362,6 +362,30 @@ def test_batchnorm_statistics_travel_in_one_bucket():
     validate(g)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_batchnorm_statistics_of_a_training_step_travel_in_one_bucket_each_way(k):
+    """In a whole training step (the GAN example's generator, cut down) BatchNorm's two
+    statistics share one exchange forward and their cotangents one backward, whatever the
+    replicas per process: the rewrite emitted the combine of the mean right after the last
+    replica's mean, and its 1/R scaling before that replica's mean of squares, which closed the
+    bucket (5 exchanges here, 21 of 512 bytes a GAN step; ``bucket_plan.glue``)."""
+    lin, bn = rp.nn.Linear(4, 8), rp.nn.BatchNorm(8, cross_replica=True)
+    params = list(lin.parameters().values())
+
+    def step(x):
+        loss = rnp.mean(bn(lin(x)) ** 2)
+        grads = rp.all_reduce(rp.grad(loss, params), "mean")
+        for p, g in zip(params, grads):
+            p.assign(p - 0.1 * g)
+        return loss
+    graph = _two_process_graph(step, [np.ones((3, 4), np.float32) * (r + 1) for r in range(k)],
+                               k=k)
+    g = compile_graph(graph, NULL, CompileOptions()).graph
+    validate(g)
+    sizes = sorted(n.out.size for n in g.nodes if n.prim == "comm_start")
+    assert sizes == [16, 16, 4 * 8 + 8], sizes  # (mean, mean_sq) both ways; the gradients
+
+
 def test_gradients_behind_batchnorm_all_reduces_share_one_bucket():
     """The parameters before and after a cross-replica BatchNorm have gradients behind different
     numbers of all-reduces, yet none needs another's result: one bucket (they were one bucket

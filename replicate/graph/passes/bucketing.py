@@ -1,14 +1,16 @@
 """Gradient bucketing: many small cross-process all-reduces become a few flat buffers.
 
 The ``mpi_allreduce`` nodes that the collective rewrite produced are grouped by reduction op
-and dtype. Within a group they are taken in the order their inputs become ready (the backward
-pass makes the last layer's gradient first) and packed into buckets of at most ``bucket_bytes``;
-a bucket closes where one of its results is needed before the next gradient is ready. That rule
-also keeps dependent all-reduces apart — one whose input needs another's result (cross-replica
-BatchNorm's variance after its mean) is ready only after that result's first use — without
-splitting independent ones: gradients behind different numbers of BatchNorm all-reduces share a
-bucket (grouping them by that number, as before, left a small conv GAN with 20 one-tensor
-gradient all-reduces, each a cut in the JAX program).
+and dtype and packed into buckets of at most ``bucket_bytes`` (``bucket_plan.py``): in the
+order their inputs become ready in the traced step (the backward pass makes the last layer's
+gradient first), a bucket closing at the first exchange that depends on one of its members.
+Independent ones share a bucket: gradients behind different numbers of BatchNorm all-reduces
+(grouping them by that number, as before, left a small conv GAN with 20 one-tensor gradient
+all-reduces, each a cut in the JAX program), and BatchNorm's mean and mean of squares (each
+step of a GAN with cross-replica BatchNorm had 21 exchanges of 512 bytes, now 9). What another
+exchange needs never shares a bucket with gradients, which would then wait for the step's
+middle. Each bucket's members are brought together (``bucket_plan.glue``): what reads an
+early member's result waits for the bucket.
 
 Each bucket is emitted as soon as its last gradient exists: the in-process combine of its members
 (``local_reduce``, hoisted from where the user called ``all_reduce``), a flat ``concatenate``, an
@@ -36,90 +38,17 @@ from ... import numpy as rnp
 from ...dtypes import is_float
 from ...errors import source_line
 from ..core import Graph, bind
+from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
-
-# the exchanges packed: gradient all-reduces, and a sharded step's reduce-scatters of gradients
-# and all-gathers of new parameters (``shard_state.py`` marks those ``shard``); started on the
-# communication thread as ``comm_start[collective=...]``
-COLLECTIVE = {"mpi_allreduce": "allreduce", "mpi_reduce_scatter": "reduce_scatter",
-              "mpi_allgather": "allgather"}
-
-
-def sharded_exchange(node) -> bool:
-    """Made by ``shard_state``: a reduce-scatter, a parameter's all-gather, a norm's partial."""
-    return node.prim in COLLECTIVE and (node.prim == "mpi_reduce_scatter" or bool(
-        node.attrs.get("shard") or node.attrs.get("exact")))
-
-
-def bucketable(node) -> bool:
-    return node.prim in COLLECTIVE and (node.prim != "mpi_allgather" or
-                                        bool(node.attrs.get("shard")))
-
-
-class _Member:
-    __slots__ = ("node", "pre", "ready", "first_use", "nbytes", "size", "order")
-
-    def __init__(self, node, pre, ready, first_use, order):
-        self.node, self.pre, self.ready, self.first_use = node, pre, ready, first_use
-        self.order = order  # (packing order: ``ready``, or the exchange's place, see below)
-        # (elements in the bucket's result per process: the slice; bytes: what the whole
-        # exchange carries, the gradient or the gathered parameter)
-        self.size = node.inputs[0].size if node.prim == "mpi_allgather" else node.out.size
-        self.nbytes = max(node.inputs[0].size, node.out.size) * node.out.dtype.itemsize
-
-
-def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
-    """The buckets, each a list of members in packing order, in start order.
-
-    A sharded step's graphs differ between the processes (a slice that holds padding on one
-    is cut differently, constants merge differently), so where a value becomes ready differs
-    too; the exchanges themselves come in the same order on every process (the ranks compare
-    it). There the members are packed, and the buckets started, in the exchanges' order."""
-    nodes = graph.nodes
-    sharded = any(sharded_exchange(n) for n in nodes)
-    index = {n.out.id: i for i, n in enumerate(nodes)}
-    users: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for x in n.inputs:
-            users.setdefault(x.id, []).append(i)
-    out_ids = {o.id for o in graph.outputs}
-    groups: dict[tuple, list[_Member]] = {}
-    for node in nodes:
-        if not bucketable(node):
-            continue
-        src = node.inputs[0]
-        pre = None
-        p = index.get(src.id)
-        if p is not None and nodes[p].prim == "local_reduce" and len(users[src.id]) == 1 \
-                and node.prim == "mpi_allreduce":
-            pre = nodes[p]  # moves with the bucket
-            ready = max((index.get(x.id, -1) for x in pre.inputs), default=-1)
-        else:
-            ready = -1 if p is None else p
-        first_use = min(users.get(node.out.id, [len(nodes)]))
-        if node.out.id in out_ids:
-            first_use = min(first_use, len(nodes))
-        # (dependent ones: see needed_by below; ``exact``: never compressed)
-        key = (node.prim, node.attrs.get("op"), node.out.dtype.str, node.attrs.get("exact"),
-               node.attrs.get("comm"))
-        groups.setdefault(key, []).append(
-            _Member(node, pre, ready, first_use, index[node.out.id] if sharded else ready))
-    buckets = []
-    for members in groups.values():
-        members.sort(key=lambda m: m.order)
-        current, size, needed_by = [], 0, None
-        for m in members:
-            fits = size + m.nbytes <= bucket_bytes and m.ready < needed_by if current else True
-            if not fits:
-                buckets.append(current)
-                current, size, needed_by = [], 0, None
-            current.append(m)
-            size += m.nbytes
-            needed_by = m.first_use if needed_by is None else min(needed_by, m.first_use)
-        if current:
-            buckets.append(current)
-    buckets.sort(key=lambda b: max(m.order for m in b))
-    return buckets
+from .bucket_plan import (
+    COLLECTIVE,
+    bucketable,
+    glue,
+    is_tagged,
+    members_of,
+    plan_buckets,
+    sharded_exchange,
+)
 
 
 def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
@@ -128,15 +57,20 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
         return graph
     graph = gathers_last(communication_first(graph))
     buckets = plan_buckets(graph, bucket_bytes)
+    tagged = is_tagged(graph)
+    if tagged:  # each bucket's members together, the exchanges in the planned order
+        graph = glue(graph, buckets)
+        placed = members_of(graph)  # the same members, where they now are
+        buckets = [[placed[id(m.node)][1] for m in b] for b in buckets]
     moved = {id(m.node) for b in buckets for m in b} | \
         {id(m.pre) for b in buckets for m in b if m.pre is not None}
     starts: dict[int, list[int]] = {}  # node index after which bucket b is ready
     sharded = any(sharded_exchange(m.node) for b in buckets for m in b)
     at = -1  # (a sharded step: no bucket starts before the one planned before it)
     for b, members in enumerate(buckets):
-        ready = max(m.ready for m in members)
+        ready = max(m.order for m in members) if tagged else max(m.ready for m in members)
         if sharded and at < min(m.first_use for m in members):
-            ready = max(ready, at)
+            ready = max(ready, at)  # (buckets start in the planned order on every process)
             at = ready
         starts.setdefault(ready, []).append(b)
     started: list[int] = []  # in the order they start
@@ -219,7 +153,7 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
             if b not in done:
                 finish(b)
     graph = rb.finish()
-    if sharded:
+    if sharded or tagged:
         graph = _scheduled(graph, [buckets[b] for b in started])
     return sink_waits(graph) if overlap else graph
 
@@ -306,14 +240,20 @@ def gathers_last(graph: Graph) -> Graph:
 def sink_waits(graph: Graph) -> Graph:
     """Run everything that does not need a bucket's result before everything that does.
 
-    A node is *waiting* if it is a ``comm_wait`` or reads a waiting value; nothing else can read
-    a waiting value, so the not-waiting nodes (in order) followed by the waiting ones (in order)
-    is still a valid order — and the rest of the backward pass computes while buckets travel.
+    A node is *waiting* if it is a ``comm_wait`` or reads a waiting value, and so is every
+    exchange after a waiting one (the exchanges keep the order the processes agree on, though
+    what one needs differs between them); nothing else can read a waiting value, so the
+    not-waiting nodes (in order) followed by the waiting ones (in order) is still a valid order —
+    and the rest of the backward pass computes while buckets travel.
     """
     tainted: set[int] = set()
     first, later = [], []
+    exchanges_wait = False  # (the exchanges keep their order, the one the processes agree on)
     for node in graph.nodes:
-        if node.prim == "comm_wait" or any(x.id in tainted for x in node.inputs):
+        exchange = REGISTRY[node.prim].exchange and node.prim != "comm_wait"
+        if node.prim == "comm_wait" or exchange and exchanges_wait or any(
+                x.id in tainted for x in node.inputs):
+            exchanges_wait = exchanges_wait or exchange
             tainted.add(node.out.id)
             later.append(node)
         else:

@@ -168,6 +168,7 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,
     ``comm``: the label of the communicator the exchanges go over (with model parallelism, the
     processes of this logical device, one per replica group; ``None``: every process)."""
     groups = group_placeholders(graph, k)
+    after, ready = upstream_collectives(graph, groups)
     lowered: dict = {}
     order = _grouped_order(graph, groups)
     rb = Rebuilder(graph)
@@ -188,9 +189,38 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,
                         new.attrs = dict(new.attrs, comm=comm)
                     if members[0].attrs.get("shard") and new.prim == "mpi_allreduce":
                         new.attrs = dict(new.attrs, shard=True)  # (passes/shard_state.py)
+                    if REGISTRY[new.prim].exchange:  # (what bucketing plans from)
+                        new.attrs = dict(new.attrs, _exchange=seq, _after=after[seq],
+                                         _ready=ready[seq])
                 for m, value in zip(members, lowered[seq]):
                     rb.subst[m.out.id] = value
     return rb.finish()
+
+
+def upstream_collectives(graph: Graph, groups: dict) -> tuple[dict, dict]:
+    """``after, ready``, read from the traced step before the rewrite, so that every process
+    finds the same (after it they need not: a broadcast's gradient is used on the root's
+    process only), for bucketing to plan from (``passes/bucketing.py``):
+
+    ``after[seq]``: bit ``s`` set when collective #s is upstream of an input of collective #seq
+    in any replica; ``ready[seq]``: where local replica 0's input of collective #seq is made
+    (its place in the trace: replica 0 is traced first, so this is the same on every process
+    however many replicas each holds; -1: an input of the step)."""
+    upstream: dict[int, int] = {}  # value id -> bits
+    after: dict[int, int] = {}
+    for node in graph.nodes:
+        bits = 0
+        for x in node.inputs:
+            bits |= upstream.get(x.id, 0)
+        if REGISTRY[node.prim].placeholder:
+            seq = node.attrs["seq"]
+            after[seq] = after.get(seq, 0) | bits
+            bits |= 1 << seq
+        if bits:
+            upstream[node.out.id] = bits
+    made = {n.out.id: i for i, n in enumerate(graph.nodes)}
+    ready = {seq: made.get(members[0].inputs[0].id, -1) for seq, members in groups.items()}
+    return after, ready
 
 
 def _grouped_order(graph: Graph, groups: dict) -> list:

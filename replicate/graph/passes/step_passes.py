@@ -35,7 +35,7 @@ from typing import Any, Callable
 from ...debug import debug_enabled
 from ...errors import DivergenceError, PlacementError, function_location, source_line
 from ..core import Graph
-from ..primitives import REGISTRY
+from ..primitives import REGISTRY, shown_attrs
 from .cse import cse
 from .dce import dce
 from .merge_updates import merge_updates
@@ -134,7 +134,7 @@ def collective_schedule(graph: Graph, step_fn=None) -> list:
     out = []
     for node in graph.nodes:
         if REGISTRY[node.prim].exchange:
-            attrs = ",".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
+            attrs = ",".join(f"{k}={v}" for k, v in sorted(shown_attrs(node.attrs).items()))
             where = source_line(node.where) if node.where else "?"
             out.append((f"{node.prim}[{attrs}] {node.inputs[0].aval}", where))
     return out + outputs_gather(graph, step_fn)
