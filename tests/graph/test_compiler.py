@@ -266,6 +266,10 @@ def test_hundred_gradients_become_buckets(bucket_bytes, expect):
     # overlap: every bucket starts before the first wait (the backward pass runs meanwhile) ...
     order = [n.prim for n in exe.graph.nodes if n.prim.startswith("comm_")]
     assert order == ["comm_start"] * expect + ["comm_wait"] * expect
+    # ... as soon as its gradients are made: the backward pass goes on between the starts
+    at = [i for i, n in enumerate(exe.graph.nodes) if n.prim == "comm_start"]
+    between = {n.prim for n in exe.graph.nodes[at[0]:at[-1]]}
+    assert expect == 1 or {"tanh", "mul"} & between or "fused" in between, between
     # ... and the buckets fill in the order the gradients become ready: the last parameter's
     # first (its update reads bucket 0), the first parameter's last
     assert [n.attrs["bucket"] for n in starts] == list(range(expect))

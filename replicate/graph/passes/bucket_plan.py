@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import heapq
 
+from ...errors import CollectiveMismatchError
 from ..core import Graph
 from ..primitives import REGISTRY
+
+# what to do when the replicas traced different steps (also ``schedule.py``'s hint)
+TRACED_DIFFERENTLY = (
+    "\nThe gradient buckets are planned from each process's traced step; here the replicas "
+    "traced different steps (a Python branch on the replica's id, a loop over a set, whose "
+    "order differs between processes?). Write such a branch as rnp.where(...) and loop in a "
+    "fixed order, so that every replica traces the same step, or turn bucketing off: "
+    "options={'bucket_bytes': 0}.")
 
 # the exchanges packed: gradient all-reduces, and a sharded step's reduce-scatters of gradients
 # and all-gathers of new parameters (``shard_state.py`` marks those ``shard``); started on the
@@ -58,9 +67,10 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
     started, in that order. Where the collective rewrite tagged the all-reduces (``_exchange``,
     ``_after``: ``replicate_collectives.upstream_collectives``), a bucket closes at the first
     exchange that depends on one of its members in the traced step — so a bucket never holds
-    two exchanges one of which needs the other, on any process — or when it is full. A sharded
-    step's (not tagged) close where one of their results is needed before the next member is
-    ready, and add their buckets to the schedule the processes compare."""
+    two exchanges one of which needs the other, on any process — or when it is full. Other
+    steps' (a sharded step's, a pipeline's: not every exchange tagged) close where one of
+    their results is needed before the next member is ready. Every plan is compared between
+    the processes (``bucketing._scheduled``)."""
     members = members_of(graph)
     if is_tagged(graph):
         return _by_dependence(graph, members, bucket_bytes)
@@ -133,17 +143,36 @@ def _tag_order(node) -> tuple:
     return node.attrs["_ready"], node.attrs["_exchange"]
 
 
+def exchange_order(graph: Graph) -> list:
+    """The tagged exchanges in ``_tag_order``, each after every collective it depends on in the
+    traced step (where a replica's data flow differs from replica 0's, the two orders can
+    disagree). The order the processes agree on: their buckets start in it."""
+    pending = sorted((n for n in graph.nodes if REGISTRY[n.prim].exchange), key=_tag_order)
+    present = 0
+    for n in pending:
+        present |= 1 << n.attrs["_exchange"]
+    done, order = 0, []
+    while pending:
+        i = next((i for i, n in enumerate(pending)
+                  if not n.attrs["_after"] & present & ~done), 0)
+        node = pending.pop(i)
+        order.append(node)
+        done |= 1 << node.attrs["_exchange"]
+    return order
+
+
 def _by_dependence(graph: Graph, members: dict, bucket_bytes: int) -> list[list[_Member]]:
-    """Tagged exchanges packed in ``_tag_order`` (see ``plan_buckets``): an open bucket closes
-    at the first exchange that needs one of its members, or when the next member does not fit.
-    The buckets are in the order of their last members."""
+    """Tagged exchanges packed in ``exchange_order`` (see ``plan_buckets``): an open bucket
+    closes at the first exchange that needs one of its members, or when the next member does
+    not fit. The buckets are in the order of their last members."""
     open_: dict[tuple, list] = {}  # group key -> [members, their bits, bytes]
     buckets = []
 
     def close(key):
         buckets.append(open_.pop(key)[0])
 
-    exchanges = sorted((n for n in graph.nodes if REGISTRY[n.prim].exchange), key=_tag_order)
+    exchanges = exchange_order(graph)
+    rank = {id(n): i for i, n in enumerate(exchanges)}
     feeding = 0  # what another exchange needs (BatchNorm's statistics): never with gradients
     for node in exchanges:
         feeding |= node.attrs["_after"]
@@ -163,7 +192,7 @@ def _by_dependence(graph: Graph, members: dict, bucket_bytes: int) -> list[list[
         entry[2] += m.nbytes
     for key in list(open_):
         close(key)
-    buckets.sort(key=lambda b: _tag_order(b[-1].node))
+    buckets.sort(key=lambda b: rank[id(b[-1].node)])
     return buckets
 
 
@@ -172,7 +201,10 @@ def glue(graph: Graph, buckets: list[list[_Member]]) -> Graph:
     together and the buckets and other exchanges keep their order: a node that reads an early
     member's result moves after the bucket's last member is ready (cross-replica BatchNorm's
     1/R scaling of the mean, which the rewrite emits before the last replica's mean of
-    squares). Members never need one another (``_by_dependence``), so this order exists."""
+    squares). Each bucket goes right after its members' inputs are made, unless an exchange
+    planned before it is not there yet. Members never need one another (``_by_dependence``),
+    so this order exists — unless this process's replicas traced steps whose collectives
+    depend on each other differently."""
     nodes = graph.nodes
     pos = {id(n): i for i, n in enumerate(nodes)}
     units: list[list] = [[m.pre for m in b if m.pre is not None] + [m.node for m in b]
@@ -183,15 +215,17 @@ def glue(graph: Graph, buckets: list[list[_Member]]) -> Graph:
             unit_of[id(n)] = len(units)
             units.append([n])
     made_by = {n.out.id: unit_of[id(n)] for n in nodes}
-    priority = [max(pos[id(n)] for n in unit) for unit in units]
+    priority = [max(m.ready for m in b) + 0.5 for b in buckets] + \
+        [pos[id(unit[0])] for unit in units[len(buckets):]]
     needs: list[set] = [set() for _ in units]
     for u, unit in enumerate(units):
         for n in unit:
             needs[u].update(made_by[x.id] for x in n.inputs if x.id in made_by)
         needs[u].discard(u)
+    rank = {id(n): i for i, n in enumerate(exchange_order(graph))}
     chain = sorted((u for u, unit in enumerate(units)
                     if any(REGISTRY[n.prim].exchange for n in unit)),
-                   key=lambda u: max(_tag_order(n) for n in units[u] if REGISTRY[n.prim].exchange))
+                   key=lambda u: max(rank[id(n)] for n in units[u] if id(n) in rank))
     for a, b in zip(chain, chain[1:]):
         needs[b].add(a)
     users: list[list] = [[] for _ in units]
@@ -210,5 +244,7 @@ def glue(graph: Graph, buckets: list[list[_Member]]) -> Graph:
             if not waiting[v]:
                 heapq.heappush(heap, (priority[v], v))
     if len(order) != len(nodes):
-        raise AssertionError("bucketing: the buckets cannot be placed (a member needs another)")
+        raise CollectiveMismatchError(
+            "the gradient buckets cannot be placed: this process's replicas traced steps whose "
+            f"collectives depend on each other differently.{TRACED_DIFFERENTLY}")
     return Graph(graph.inputs, order, graph.outputs, graph.meta.copy())

@@ -153,23 +153,28 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
             if b not in done:
                 finish(b)
     graph = rb.finish()
-    if sharded or tagged:
-        graph = _scheduled(graph, [buckets[b] for b in started])
+    graph = _scheduled(graph, [buckets[b] for b in started])
     return sink_waits(graph) if overlap else graph
 
 
 def _scheduled(graph: Graph, buckets) -> Graph:
     """``graph`` with its buckets, in start order, added to the schedule the ranks compare
-    before they exchange anything (a sharded step's buckets are planned from graphs that differ
-    between the processes: a plan that differed would mix the processes' buffers)."""
+    before they exchange anything (the processes' graphs differ: a plan that differed would mix
+    their buffers). A tagged bucket names its collectives, in packing order."""
     rows = [(_within(b.node.attrs.get("comm"),
                      f"bucket {b.node.prim}[{b.node.attrs.get('op')}] {b.node.out.dtype} of "
-                     f"{[m.node.inputs[0].shape for m in members]}"),
+                     f"{[m.node.inputs[0].shape for m in members]}{_numbers(members)}"),
              source_line(b.node.where) if b.node.where else "?")
             for members in buckets for b in members[:1]]
     schedule = list(graph.meta.collective_schedule or [])
     return Graph(graph.inputs, graph.nodes, graph.outputs,
                  graph.meta.copy(collective_schedule=schedule + rows))
+
+
+def _numbers(members) -> str:
+    if not all("_exchange" in m.node.attrs for m in members):
+        return ""
+    return " (collectives " + ", ".join(f"#{m.node.attrs['_exchange']}" for m in members) + ")"
 
 
 # a schedule row that only the processes of one communicator compare (model parallelism: each

@@ -21,6 +21,7 @@ from ...errors import (
     source_line,
     user_frame,
 )
+from ...graph.passes.bucket_plan import TRACED_DIFFERENTLY
 from ...graph.passes.bucketing import WITHIN
 from .agree import FUNCTION, agree
 
@@ -112,21 +113,13 @@ def _within_groups(schedule) -> dict:
     return out
 
 
-# (bucketing plans each process's buckets from its traced step, the same on every process unless
-# the step traces differently on some replicas: ``graph/passes/bucketing.py``)
-_BUCKETS = ("\nThe gradient buckets are planned from each process's traced step; here the "
-            "replicas traced different steps (a Python branch on the replica's id?). Write the "
-            "branch as rnp.where(...) so that every replica traces the same step, or turn "
-            "bucketing off: options={'bucket_bytes': 0}.")
-
-
 def _first_difference(by_rank: dict, batches: str, among: str = ""):
     """Raise the error naming the first row where ``by_rank``'s schedules differ."""
     for i in range(max(len(s) for s in by_rank.values())):
         column = {r: s[i] if i < len(s) else ("<none>", "-") for r, s in by_rank.items()}
         if len({c[0] for c in column.values()}) > 1:
             lines = "\n".join(f"  rank {r}: {c[0]} at {c[1]}" for r, c in column.items())
-            hint = _BUCKETS if any(c[0].startswith("bucket ") for c in column.values()) else ""
+            hint = TRACED_DIFFERENTLY if any("bucket " in c[0] for c in column.values()) else ""
             raise _consistent(CollectiveMismatchError(
                 f"processes disagree about cross-process collective #{i}{among}:\n{lines}"
                 f"{batches}{hint}"))
