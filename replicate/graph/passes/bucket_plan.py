@@ -50,7 +50,7 @@ class _Member:
 
     def __init__(self, node, pre, ready, first_use, order):
         self.node, self.pre, self.ready, self.first_use = node, pre, ready, first_use
-        self.order = order  # (packing order: ``ready``, or the exchange's place, see below)
+        self.order = order  # (``ready``, or the exchange's place: a sharded or tagged step)
         # (elements in the bucket's result per process: the slice; bytes: what the whole
         # exchange carries, the gradient or the gathered parameter)
         self.size = node.inputs[0].size if node.prim == "mpi_allgather" else node.out.size
@@ -62,15 +62,16 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
 
     Every process must plan the same buckets, and the graphs differ between them: a broadcast's
     gradient is used on the root's process only; a sharded step's slice that holds padding on
-    one is cut differently, constants merge differently. The exchanges themselves come in the
-    same order on every process (the ranks compare it), so members are packed, and buckets
-    started, in that order. Where the collective rewrite tagged the all-reduces (``_exchange``,
-    ``_after``: ``replicate_collectives.upstream_collectives``), a bucket closes at the first
+    one is cut differently, constants merge differently. So the plan is made from what they
+    agree on. Where the collective rewrite tagged every exchange (``_exchange``, ``_after``,
+    ``_ready``: ``replicate_collectives.upstream_collectives``), members are packed, and
+    buckets started, in ``exchange_order``, and a bucket closes at the first
     exchange that depends on one of its members in the traced step — so a bucket never holds
-    two exchanges one of which needs the other, on any process — or when it is full. Other
-    steps' (a sharded step's, a pipeline's: not every exchange tagged) close where one of
-    their results is needed before the next member is ready. Every plan is compared between
-    the processes (``bucketing._scheduled``)."""
+    two exchanges one of which needs the other, on any process — or when it is full. A
+    sharded step's are packed in the exchanges' order (which the ranks compare), a pipeline's
+    in the order they become ready; both close where one of their results is needed before the
+    next member is ready. Every plan is compared between the processes
+    (``bucketing._scheduled``)."""
     members = members_of(graph)
     if is_tagged(graph):
         return _by_dependence(graph, members, bucket_bytes)
@@ -98,7 +99,7 @@ def plan_buckets(graph: Graph, bucket_bytes: int) -> list[list[_Member]]:
 def members_of(graph: Graph) -> dict[int, tuple]:
     """``{id(node): (group key, _Member)}`` of each bucketable exchange, in graph order."""
     nodes = graph.nodes
-    sharded = any(sharded_exchange(n) for n in nodes)
+    in_place = any(sharded_exchange(n) for n in nodes) or is_tagged(graph)
     index = {n.out.id: i for i, n in enumerate(nodes)}
     users: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -124,7 +125,7 @@ def members_of(graph: Graph) -> dict[int, tuple]:
         # (``exact``: never compressed)
         key = (node.prim, node.attrs.get("op"), node.out.dtype.str, node.attrs.get("exact"),
                node.attrs.get("comm"))
-        order = index[node.out.id] if sharded or "_after" in node.attrs else ready
+        order = index[node.out.id] if in_place else ready
         members[id(node)] = (key, _Member(node, pre, ready, first_use, order))
     return members
 
