@@ -200,7 +200,7 @@ def replicate_collectives(graph: Graph, k: int, n: int = 1, rank: int = 0,
 def upstream_collectives(graph: Graph, groups: dict) -> tuple[dict, dict]:
     """``after, ready``, read from the traced step before the rewrite, so that every process
     finds the same (after it they need not: a broadcast's gradient is used on the root's
-    process only), for bucketing to plan from (``passes/bucketing.py``):
+    process only), for bucketing to plan from (``passes/bucket_plan.py``):
 
     ``after[seq]``: bit ``s`` set when collective #s is upstream of an input of collective #seq
     in any replica; ``ready[seq]``: where local replica 0's input of collective #seq is made
