@@ -191,10 +191,11 @@ def test_a_bucket_never_holds_an_exchange_another_replica_makes_from_its_partner
         rows.index(next(r for r in rows if "#1" in r)), rows
 
 
-def test_gradients_made_in_another_order_on_another_process_are_named():
-    """A loop whose order differs between processes (a set of names, iterated in the order
-    their hashes give) makes the gradients ready in another order: the processes would pack
-    them differently, and say so."""
+def test_gradients_made_in_another_order_on_another_process():
+    """A loop whose order differs between processes (over a set of names, in the order their
+    hashes give) makes the gradients ready in another order: in one bucket they are packed in
+    the collectives' order all the same; in two, which would start in another order, the
+    processes say so."""
     params = _params()[:2]
     params[1] = rp.Variable(np.ones((4, 8), np.float32), name="w1b")
 
@@ -207,8 +208,12 @@ def test_gradients_made_in_another_order_on_another_process_are_named():
             p.assign(p - 0.1 * g)
         return loss
 
-    schedules = [_compiled(step, rank, 1, {}).schedule for rank in (0, 1)]
+    steps = [_compiled(step, rank, 1, {}) for rank in (0, 1)]
+    assert steps[0].schedule == steps[1].schedule
+    assert _exchanges(steps[0].executable.graph) == _exchanges(steps[1].executable.graph)
+    assert "(collectives #0, #1)" in steps[0].schedule[-1][0], steps[0].schedule
+    schedules = [_compiled(step, rank, 1, dict(bucket_bytes=128)).schedule for rank in (0, 1)]
     rows = [(None, fingerprint(s), s, None) for s in schedules]
     with pytest.raises(rp.CollectiveMismatchError,
-                       match=r"(?s)collectives #0, #1.*collectives #1, #0.*a loop over a set"):
+                       match=r"(?s)collectives #[01]\).*collectives #[01]\).*a loop over a set"):
         check_schedules(_Gathered(rows), schedules[0], None)

@@ -194,7 +194,9 @@ def _by_dependence(graph: Graph, members: dict, bucket_bytes: int) -> list[list[
     for key in list(open_):
         close(key)
     buckets.sort(key=lambda b: rank[id(b[-1].node)])
-    return buckets
+    # each packed in the collectives' order, not the walk's: a loop whose order differs between
+    # processes (over a set) makes the same gradients ready in another order
+    return [sorted(b, key=lambda m: m.node.attrs["_exchange"]) for b in buckets]
 
 
 def glue(graph: Graph, buckets: list[list[_Member]]) -> Graph:
