@@ -9,9 +9,12 @@ Dtypes are NumPy's (NumPy 2 promotion, Python scalars weak), result for result; 
 are deliberate and few (``tests/api/test_numpy_dtypes.py`` checks every elementwise function on
 every dtype against NumPy, and lists these):
 
-* the default float is float32: ``zeros``, ``ones`` and ``eye`` without a dtype, and ``full``
-  of a Python float (``full`` otherwise takes its fill value's dtype: bool, int64 for an int —
-  PyTorch's rule); ``asarray`` of Python floats is float64, as NumPy's;
+* the default float is float32 (JAX's and PyTorch's) wherever a function makes float values
+  from Python numbers: ``zeros``, ``ones``, ``empty`` and ``eye`` without a dtype, ``full`` of
+  a Python float (``full`` otherwise takes its fill value's dtype: bool, int64 for an int —
+  PyTorch's rule), ``arange`` with a Python float and ``linspace`` of Python numbers. What
+  converts data keeps NumPy's dtype: ``asarray`` of Python floats is float64, and a NumPy value
+  given to ``arange``, ``linspace`` or ``full`` keeps its own dtype;
 * float functions (``exp``, ``sqrt``, ``sin``, ...) of bools and integers are NumPy's: float16
   for bools and 8-bit integers, float64 for 32- and 64-bit ones; ``mean``/``var``/``std`` of
   them are float64;

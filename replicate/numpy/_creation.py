@@ -65,11 +65,26 @@ def ones_like(x, dtype=None, *, device=None):
     return ones(x.shape, dtype or x.dtype)
 
 
+def _numbers_only(*values) -> bool:
+    """Every value a Python number (or None): what gives NumPy float64 by default, and here the
+    default float. A NumPy scalar or array keeps its own dtype, as in NumPy."""
+    return all(v is None or type(v) in (bool, int, float) for v in values)
+
+
 def arange(start, stop=None, step=None, dtype=None, *, device=None):
     """``np.arange``: ``start`` to ``stop`` (``0`` to ``start`` when ``stop`` is None) by ``step``
-    (1 when None), a constant (known when traced)."""
+    (1 when None), a constant (known when traced). Python ints give int64 and Python floats the
+    default float, float32 (NumPy: float64; a NumPy float64 value keeps float64).
+
+    >>> import replicate.numpy as rnp
+    >>> rnp.arange(3).dtype, rnp.arange(0, 1, 0.25).dtype, rnp.arange(0, 1, 0.25).tolist()
+    (dtype('int64'), dtype('float32'), [0.0, 0.25, 0.5, 0.75])
+    """
     check_device(device, "arange")
-    return concrete(np.arange(start, stop, step, dtype=dtype))
+    value = np.arange(start, stop, step, dtype=dtype)
+    if dtype is None and value.dtype == np.float64 and _numbers_only(start, stop, step):
+        value = value.astype(DEFAULT_FLOAT)  # (computed in float64, rounded once)
+    return concrete(value)
 
 
 def _known(v, what):
@@ -151,19 +166,23 @@ def full_like(x, fill_value, dtype=None, *, device=None):
 
 def linspace(start, stop, num=50, endpoint=True, dtype=None, *, device=None):
     """``np.linspace``: ``num`` evenly spaced values from ``start`` to ``stop`` (``stop`` left out
-    when ``endpoint`` is False); NumPy's dtype (float64 for ints and Python floats). A constant,
-    as ``arange``: its arguments must be known when traced.
+    when ``endpoint`` is False). Python numbers give the default float, float32 (NumPy: float64);
+    NumPy values and Arrays NumPy's dtype (a float64 ``start`` gives float64). A constant, as
+    ``arange``: its arguments must be known when traced.
 
     >>> import replicate.numpy as rnp
     >>> rnp.linspace(0, 1, 5).tolist(), rnp.linspace(0, 1, 4, endpoint=False).dtype
-    ([0.0, 0.25, 0.5, 0.75, 1.0], dtype('float64'))
+    ([0.0, 0.25, 0.5, 0.75, 1.0], dtype('float32'))
     """
     check_device(device, "linspace")
     start, stop = _known(start, "linspace's start"), _known(stop, "linspace's stop")
     num = _static_int(_known(num, "linspace's num"), "linspace's num")
     if num < 0:
         raise ValueError(f"linspace: num must be non-negative, got {num}")
-    return as_array(np.linspace(start, stop, num, endpoint=bool(endpoint), dtype=dtype))
+    value = np.linspace(start, stop, num, endpoint=bool(endpoint), dtype=dtype)
+    if dtype is None and value.dtype == np.float64 and _numbers_only(start, stop):
+        value = value.astype(DEFAULT_FLOAT)  # (computed in float64, rounded once)
+    return as_array(value)
 
 
 def _triangle(x, k, upper, what):

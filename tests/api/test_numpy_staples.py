@@ -102,7 +102,47 @@ def test_tril_triu(mode, dtype, shape, k):
                                 dict(start=0, stop=10, num=6, dtype="int64")], ids=str)
 def test_linspace(mode, kw):
     want = np.linspace(**kw)
+    if "dtype" not in kw:  # Python numbers: the default float, float32 (NumPy: float64)
+        want = want.astype(np.float32)
     same(run(lambda a: a + rnp.linspace(**kw), [np.zeros((), want.dtype)], mode), want)
+
+
+# every function that makes floats from Python numbers gives the default float, float32; what
+# converts data keeps NumPy's dtype (replicate/numpy/__init__.py)
+MADE = {"zeros": lambda: rnp.zeros(3), "ones": lambda: rnp.ones(3), "empty": lambda: rnp.empty(3),
+        "eye": lambda: rnp.eye(2), "full": lambda: rnp.full(3, 0.5),
+        "arange": lambda: rnp.arange(0, 1, 0.25), "arange-float-start": lambda: rnp.arange(2.0),
+        "linspace": lambda: rnp.linspace(0, 1, 5),
+        "linspace-floats": lambda: rnp.linspace(0.5, 2.5)}
+KEPT = {"asarray": (lambda: rnp.asarray([0.5]), "float64"),
+        "arange-int": (lambda: rnp.arange(3), "int64"),
+        "arange-np-float64": (lambda: rnp.arange(np.float64(0), 1, 0.25), "float64"),
+        "linspace-np-float64": (lambda: rnp.linspace(np.float64(0), 1, 5), "float64"),
+        "linspace-float32-array": (lambda: rnp.linspace(rnp.asarray(np.float32(0)), 1, 5),
+                                   "float32"),
+        "full-np-float64": (lambda: rnp.full(3, np.float64(0.5)), "float64"),
+        "full-int": (lambda: rnp.full(3, 2), "int64"), "full-bool": (lambda: rnp.full(3, True),
+                                                                     "bool")}
+
+
+@pytest.mark.parametrize("name", sorted(MADE))
+def test_made_from_python_numbers_is_the_default_float(name):
+    assert rnp.asarray(MADE[name]()).dtype == np.float32
+    assert rp.function(MADE[name])().dtype == np.float32  # traced: the same constant
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_converted_data_keeps_numpys_dtype(name):
+    fn, dtype = KEPT[name]
+    assert rnp.asarray(fn()).dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("args", [(5,), (0, 1, 0.25), (2.0,), (-1.5, 2, 0.5), (1, 10, 3)], ids=str)
+def test_arange_values_are_numpys(args):
+    want = np.arange(*args)
+    got = np.asarray(rnp.arange(*args))
+    assert got.dtype == (np.float32 if want.dtype == np.float64 else want.dtype)
+    np.testing.assert_array_equal(got, want.astype(got.dtype))
 
 
 @pytest.mark.parametrize("mode", MODES)
