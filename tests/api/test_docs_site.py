@@ -1,7 +1,8 @@
 """The documentation site (mkdocs.yml, docs/_site/): it builds with warnings as errors and no
 network, every internal link of the built pages resolves, a page renders in headless Chromium
-(title, navigation, a highlighted code block, the theme's script ran), and every public name in
-the API reference has a docstring."""
+(title, navigation, a highlighted code block, the theme's script ran), every public name a user
+reaches (found from the package, not from the site's own list) is in the API reference, and
+every public name in it has a docstring."""
 
 from __future__ import annotations
 import __future__
