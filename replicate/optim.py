@@ -25,7 +25,7 @@ from .dependency import TraceKeyed
 from .dtypes import compute_dtype
 from .errors import ReplicateError
 from .graph.core import current_trace
-from .optimizers import (  # noqa: F401 (rp.optim.*)
+from .optimizers import (  # (rp.optim.*: __all__)
     LIVE,
     SGD,
     Adadelta,
@@ -35,7 +35,7 @@ from .optimizers import (  # noqa: F401 (rp.optim.*)
     Optimizer,
     RMSProp,
 )
-from .schedules import (  # noqa: F401  (rp.optim.*)
+from .schedules import (  # (rp.optim.*: __all__)
     CosineAnnealingLR,
     ExponentialLR,
     LinearLR,
@@ -241,3 +241,11 @@ def clip_by_global_norm(grads, max_norm: float, cross_replica: bool = False):
         norm = rnp.sqrt(all_reduce(norm * norm, "sum"))
     scale = rnp.minimum(1.0, max_norm / (norm + 1e-12))
     return tree.tree_map(lambda g: g * rnp.cast(scale, rnp.as_array(g).dtype), grads)
+
+
+__all__ = [  # what ``rp.optim.`` offers (the API reference lists these)
+    "Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "Adagrad", "Adadelta",
+    "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR",
+    "ReduceLROnPlateau", "warmup_cosine", "step_decay",
+    "CrossReplicaOptimizer", "wrap_optimizer", "global_norm", "clip_by_global_norm",
+]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import __future__
 
 import importlib
+import importlib.util
 import os
 import posixpath
 import re
@@ -71,8 +72,10 @@ REFERENCE = [
     ("replicate.nn.init", "replicate.nn.init", {}),
     ("replicate.numpy", "replicate.numpy", {}),
     ("replicate.numpy.linalg", "replicate.numpy.linalg", {}),
+    ("replicate.numpy.fft", "replicate.numpy.fft", {}),
     ("replicate.numpy.random", "replicate.numpy.random", {}),
     ("replicate.optim", "replicate.optim", {}),
+    ("replicate.distributions", "replicate.distributions", {}),
     ("rp.callbacks", "replicate.runtime.loop.callbacks", {}),
     ("rp.data", "replicate.runtime.inputs.data", {}),
     ("rp.checkpoint", "replicate.runtime.variables.checkpoint", {}),
@@ -111,13 +114,31 @@ def public_names(module: str) -> list[str]:
             and not isinstance(getattr(mod, n, None), (types.ModuleType, __future__._Feature))]
 
 
+def shadowed(module: str, name: str):
+    """The object ``module.name`` when a submodule of that name hides it from Griffe (which
+    reads ``replicate.function`` as the module, not the function ``rp.function``); else None."""
+    mod = importlib.import_module(module)
+    obj = getattr(mod, name)
+    if isinstance(obj, types.ModuleType) or not hasattr(mod, "__path__") or \
+            importlib.util.find_spec(f"{module}.{name}") is None:
+        return None
+    return obj
+
+
 def reference_page(title: str, module: str, options: dict) -> str:
     lines = [f"# `{title}`", ""]
     if title != module:
         lines += [f"`{title}` is the module `{module}`.", ""]
+    names = public_names(module)
+    hidden = [n for n in names if shadowed(module, n) is not None]
     lines += [f"::: {module}", "    options:", "      show_root_heading: false",
-              f"      members: [{', '.join(public_names(module))}]"]
+              f"      members: [{', '.join(n for n in names if n not in hidden)}]"]
     lines += [f"      {key}: {str(value).lower()}" for key, value in options.items()]
+    for name in hidden:  # documented where they are defined (their anchor: that path)
+        obj = shadowed(module, name)
+        lines += ["", f"::: {obj.__module__}.{obj.__qualname__}", "    options:",
+                  "      show_root_heading: true", "      show_root_full_path: false",
+                  "      heading_level: 2"]
     return "\n".join(lines) + "\n"
 
 

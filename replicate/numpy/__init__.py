@@ -5,6 +5,10 @@
 >>> (x @ x.T).tolist()
 [[5.0, 11.0], [11.0, 25.0]]
 
+The dtypes are NumPy's own types (``rnp.float32`` is ``np.float32``): ``float16``, ``float32``,
+``float64``, ``int8``, ``int16``, ``int32``, ``int64``, ``uint8``, ``uint16``, ``uint32``,
+``uint64``, ``bool_`` (and the Array API's ``bool``); ``newaxis`` is NumPy's too (``None``).
+
 Dtypes are NumPy's (NumPy 2 promotion, Python scalars weak), result for result; the differences
 are deliberate and few (``tests/api/test_numpy_dtypes.py`` checks every elementwise function on
 every dtype against NumPy, and lists these):
@@ -37,7 +41,7 @@ import numpy as _np
 from ..errors import PlacementError as _PlacementError
 from ..graph.core import Array
 from ..graph.core import register_op_namespace as _register_op_namespace
-from . import fft, linalg, random
+from . import _elementwise, fft, linalg, random
 from ._arrayapi import (
     astype,
     broadcast_arrays,
@@ -122,6 +126,10 @@ float16, float32, float64 = _np.float16, _np.float32, _np.float64
 int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
 uint8, uint16, uint32, uint64, bool_ = _np.uint8, _np.uint16, _np.uint32, _np.uint64, _np.bool_
 pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
+for _name in _elementwise.__all__:  # the wrappers _unary and _binary made, by their names here
+    if "<locals>" in globals()[_name].__qualname__:  # (the API reference finds them by it)
+        globals()[_name].__qualname__ = _name
+del _name
 
 
 def _install_operators(cls):
