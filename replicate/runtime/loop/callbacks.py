@@ -126,6 +126,23 @@ class Checkpoint:
         self.run = found
 
 
+def settle(callbacks) -> None:
+    """Wait for every callback's work in flight (an asynchronous checkpoint's write), then raise
+    the first one's error, if any. ``Replicator.run`` calls it at its end, and before it raises
+    an error every rank raises (a step refused, say): a write still in flight then ends before
+    ``run`` does, and its error is raised instead (with the run's own error as its context),
+    never dropped — the error the synchronous save would have raised at that save's step."""
+    error = None
+    for cb in callbacks:
+        if callable(getattr(cb, "wait", None)):
+            try:
+                cb.wait()
+            except Exception as e:  # noqa: BLE001 - the others are waited for first
+                error = error or e
+    if error is not None:
+        raise error
+
+
 class MetricsLog:
     """Append each step's scalar outputs to a JSONL file (rank 0 only)."""
 
@@ -165,4 +182,4 @@ class Progress:
             self.bar = None
 
 
-__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "tree"]
+__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "settle", "tree"]
