@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -61,6 +62,49 @@ def test_the_background_files_are_the_synchronous_ones(tmp_path):
     # each save copied the state at its own step: the files differ from step to step
     assert not np.array_equal(checkpoint.load(str(tmp_path / "a-2.npz"))[0]["model/w"],
                               checkpoint.load(str(tmp_path / "a-6.npz"))[0]["model/w"])
+
+
+def test_the_copy_buffers_are_ready_before_the_first_save(tmp_path):
+    """The copy's buffers are allocated (and their pages touched) on a thread when the callback
+    is made: the first save copies into them, as every later one does, instead of mapping fresh
+    memory on the step's thread (bench/checkpoint_async.py)."""
+    rep, state, _ = _setup()
+    ck = rp.callbacks.Checkpoint(str(tmp_path / "ck-{step}.npz"), state, every=2,
+                                 asynchronous=True)
+    for thread in list(ck.writer._staging):
+        thread.join()
+    staged = dict(ck.writer._buffers)
+    names = {f"{name}/" for name in checkpoint.named_variables(state)}
+    assert set(staged) == names
+    rep.run(steps=4, callbacks=[ck])
+    assert all(ck.writer._buffers[k] is v for k, v in staged.items())
+
+
+class Holder:
+    """A state given as an object with ``.variables()`` (which ``checkpoint.save`` expands)."""
+
+    def __init__(self, nest):
+        self.nest, self.threads = nest, []
+
+    def variables(self):
+        self.threads.append(threading.current_thread())
+        return self.nest
+
+
+def test_a_state_object_is_copied_at_the_step_boundary(tmp_path):
+    """Its variables are read on the step's thread at the save, never by the writer's thread
+    while the next steps change them; the files are the synchronous save's."""
+    rep, state, _ = _setup()
+    holder = Holder(state)
+    background = rp.callbacks.Checkpoint(str(tmp_path / "a-{step}.npz"), holder, every=2,
+                                         keep=0, asynchronous=True)
+    plain = rp.callbacks.Checkpoint(str(tmp_path / "s-{step}.npz"), state, every=2, keep=0)
+    rep.run(steps=5, callbacks=[background, plain])
+    assert holder.threads and all(t is threading.main_thread() for t in holder.threads)
+    for step in (2, 4):
+        a, _ = checkpoint.load(str(tmp_path / f"a-{step}.npz"))
+        s, _ = checkpoint.load(str(tmp_path / f"s-{step}.npz"))
+        assert sorted(a) == sorted(s) and all(np.array_equal(a[k], s[k]) for k in a), step
 
 
 def test_keep_rotates_after_each_background_write(tmp_path):
