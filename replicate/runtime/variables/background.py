@@ -5,11 +5,11 @@ At the step boundary the main thread only waits for the previous write (one in f
 time), raises its error if it failed, and copies the state's values into buffers kept from save
 to save (a memory copy). The buffers are allocated and their pages mapped beforehand, on a
 thread of their own (``stage``: when the callback is made, again when a step first shows the
-state's layout): mapping fresh memory costs more than the copy (on the bench's VM, 0.07-1 s for 200 MB
-against 0.04 s), so the first save would otherwise block several times longer than the later
-ones. A layout that changes later (a buffer of the wrong shape) is allocated by the copy itself.
-A state given as an object with ``.variables()`` is expanded at the step boundary too (never
-read by the thread: the live Variables move on). The thread then calls the
+state's layout): mapping fresh memory costs more than the copy (on the bench's VM, 0.07-1 s for
+200 MB against 0.04 s), so the first save would otherwise block several times longer than the
+later ones. A layout that changes later (a buffer of the wrong shape) is allocated by the copy
+itself. A state given as an object with ``.variables()`` is expanded at the step boundary too
+(never read by the thread: the live Variables move on). The thread then calls the
 ordinary ``checkpoint.save`` on that copy, so the file is the synchronous save's, with all of
 its guarantees: written atomically by rank 0 (a temporary file, fsync, rename — a process killed
 mid-write leaves the previous checkpoint as it was), the ranks' copies compared first (diverged
