@@ -61,7 +61,9 @@ class Checkpoint:
     ``asynchronous=True``: the state is copied at the step boundary and written by a thread
     while training goes on (``runtime/variables/background.py``: the same file and guarantees;
     one write in flight, the next save waits for it; ``Replicator.run`` waits for the last one
-    at its end, and a failed write raises there or at the next save, on every rank).
+    at its end, or before it raises a step's error, and a failed write raises there or at the
+    next save, on every rank). The copy's buffers (the state's size) are allocated when the
+    callback is made, on a thread, so that no save maps fresh memory on the step's thread.
 
     Resume with ``Replicator.restore(path_pattern, state)``: it takes the newest intact file (a
     truncated or corrupt one is skipped with a warning), so keep at least 2."""
@@ -74,9 +76,15 @@ class Checkpoint:
         self.pattern, self.state, self.every, self.keep = path_pattern, state, int(every), keep
         self.run = run  # this run's id: given, or settled at the first save
         self.written: list[str] | None = None  # oldest first; found on disk at the first save
-        self.asynchronous, self.writer = bool(asynchronous), None
+        self.asynchronous = bool(asynchronous)
+        # (its copy's buffers allocated now, off the step's thread: background.py)
+        self.writer = BackgroundWriter(state=state) if self.asynchronous else None
+        self._staged = False  # the layout a step gives the state: staged at the first call
 
     def __call__(self, rep, step, outputs):
+        if self.writer is not None and not self._staged:
+            self._staged = True
+            self.writer.stage(self.state)
         if step % self.every:
             return
         if self.written is None:
@@ -88,8 +96,7 @@ class Checkpoint:
                             verify=verify)
             self._rotate(rep.rank, path)
             return
-        if self.writer is None:
-            self.writer = BackgroundWriter(rep.comm)
+        self.writer.connect(rep.comm)
         self.writer.submit(path, self.state, step, verify, run=self.run,
                            then=lambda: self._rotate(rep.rank, path))
 
@@ -124,6 +131,23 @@ class Checkpoint:
             found.consistent = True  # every rank raises it
             raise found
         self.run = found
+
+
+def settle(callbacks) -> None:
+    """Wait for every callback's work in flight (an asynchronous checkpoint's write), then raise
+    the first one's error, if any. ``Replicator.run`` calls it at its end, and before it raises
+    an error every rank raises (a step refused, say): a write still in flight then ends before
+    ``run`` does, and its error is raised instead (with the run's own error as its context),
+    never dropped — the error the synchronous save would have raised at that save's step."""
+    error = None
+    for cb in callbacks:
+        if callable(getattr(cb, "wait", None)):
+            try:
+                cb.wait()
+            except Exception as e:  # noqa: BLE001 - the others are waited for first
+                error = error or e
+    if error is not None:
+        raise error
 
 
 class MetricsLog:
@@ -165,4 +189,4 @@ class Progress:
             self.bar = None
 
 
-__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "tree"]
+__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "settle", "tree"]

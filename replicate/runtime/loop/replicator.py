@@ -37,7 +37,7 @@ from ..inputs.prefetch import parse_prefetch
 from ..job import hooks, watchdog
 from ..variables.checkpoint import restore as restore_checkpoint
 from . import evaluation, updates
-from .callbacks import MetricsLog, Progress
+from .callbacks import MetricsLog, Progress, settle
 from .inspection import Inspection
 from .layout import Layout, per_rank
 from .outputs import Deferred, Gathering, reduce_outputs
@@ -180,9 +180,7 @@ class Replicator(Inspection):
                 for cb in callbacks:
                     cb(self, self.step, outputs)
             watchdog.set_step(self.step, "the end of run")
-            for cb in callbacks:  # (an asynchronous checkpoint's last write)
-                if callable(getattr(cb, "wait", None)):
-                    cb.wait()
+            settle(callbacks)  # (an asynchronous checkpoint's last write)
             if self._deferred:
                 self._deferred.flush(history)  # (every waiting step's outputs, one exchange)
             self.layout.gather(self.variables())  # (logical devices: every Variable everywhere)
@@ -191,10 +189,12 @@ class Replicator(Inspection):
         except (CollectiveMismatchError, ReplicateError) as e:
             at_user_line(e)
             if getattr(e, "consistent", False) or self.num_ranks == 1:
+                settle(callbacks)  # (every rank is here: the write in flight ends, or is raised)
                 raise
             self._abort()
         except Exception:
             if self.num_ranks == 1:
+                settle(callbacks)
                 raise
             self._abort()
         finally:

@@ -1,4 +1,5 @@
-"""The trust cases of tests/api/test_trust.py that need several processes.
+"""The trust cases of tests/api/test_trust.py that need several processes (and their
+asynchronous-checkpoint twins, ``CASE_async``, for tests/runtime/test_checkpoint_async.py).
 
     mpiexec -n 2 python tests/runtime/programs/trust_mpi.py CASE MODE OUT_DIR
 
@@ -70,8 +71,9 @@ def eval_after_compile(mode):
     return {"train": train, "eval": evaluation, "trace_count": rep.trace_count}
 
 
-def drift(mode, branch=False, checkpoint_dir=None):
-    """Training without rp.wrap_optimizer: each rank would update w from its own gradients."""
+def drift(mode, branch=False, checkpoint_dir=None, asynchronous=False):
+    """Training without rp.wrap_optimizer: each rank would update w from its own gradients
+    (``asynchronous``: the checkpoints written in the background)."""
     w = rp.Variable(np.zeros(3, np.float32), name="w")
     opt = rp.optim.SGD([w], lr=0.1)
 
@@ -94,7 +96,8 @@ def drift(mode, branch=False, checkpoint_dir=None):
     callbacks = []
     if checkpoint_dir:
         pattern = os.path.join(checkpoint_dir, "ckpt-{step}.npz")
-        callbacks.append(rp.callbacks.Checkpoint(pattern, {"w": w}, every=2))
+        callbacks.append(rp.callbacks.Checkpoint(pattern, {"w": w}, every=2,
+                                                 asynchronous=asynchronous))
     try:
         rep.run(3, callbacks=callbacks)
     finally:
@@ -148,13 +151,15 @@ def nan_gradient_program(mode, k=1):
     return rep, w, opt
 
 
-def nan_update(mode, out_dir):
-    """The NaN-gradient program, checkpointed every step."""
+def nan_update(mode, out_dir, asynchronous=False):
+    """The NaN-gradient program, checkpointed every step (``asynchronous``: in the
+    background)."""
     rep, w, _ = nan_gradient_program(mode)
     pattern = os.path.join(out_dir, "ckpt-{step}.npz")
     error = None
     try:
-        rep.run(callbacks=[rp.callbacks.Checkpoint(pattern, {"w": w}, every=1)])
+        rep.run(callbacks=[rp.callbacks.Checkpoint(pattern, {"w": w}, every=1,
+                                                   asynchronous=asynchronous)])
     except rp.ReplicateError as e:
         error = [type(e).__name__, str(e)]
     return {"error": error, "w": w.numpy().tolist(), "step": rep.step,
@@ -175,10 +180,11 @@ if __name__ == "__main__":
     try:
         ckpt_dir = os.path.join(out_dir, "ckpt")
         os.makedirs(ckpt_dir, exist_ok=True)
-        if case == "nan_update":
-            result = nan_update(mode, ckpt_dir)
-        elif case == "drift_checkpoint":
-            result = drift(mode, branch=True, checkpoint_dir=ckpt_dir)
+        background = case.endswith("_async")  # (nan_update_async, drift_checkpoint_async)
+        if case.startswith("nan_update"):
+            result = nan_update(mode, ckpt_dir, asynchronous=background)
+        elif case.startswith("drift_checkpoint"):
+            result = drift(mode, branch=True, checkpoint_dir=ckpt_dir, asynchronous=background)
         else:
             result = CASES[case](mode)
     except rp.ReplicateError as e:
