@@ -53,8 +53,11 @@ class Transport(Protocol):
 
     def broadcast(self, x, root: int, comm=None): ...
 
-    # a bucket's exchange started (``collective``: allreduce, reduce_scatter or allgather)
-    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"): ...
+    # a bucket's exchange started (``collective``: allreduce, reduce_scatter or allgather);
+    # ``inline``: nothing computes before its wait, so a transport may run it now, on the
+    # caller's thread, where that keeps the exchanges' order (``overlap.CommThread.submit``)
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce",
+              inline: bool = False): ...
 
     def wait(self, handle): ...  # the result of ``start``
 

@@ -125,8 +125,8 @@ EXCHANGES = {
     "mpi_allgather": lambda t, x, *, comm=None, **_: t.allgather(x, comm),
     "mpi_broadcast": lambda t, x, *, root, comm=None, **_: t.broadcast(x, root, comm),
     "mpi_reduce_scatter": lambda t, x, *, op, comm=None, **_: t.reduce_scatter(x, op, comm),
-    "comm_start": lambda t, x, *, op=None, owned=False, comm=None, collective="allreduce", **_:
-        t.start(x, op, owned, comm, collective),
+    "comm_start": lambda t, x, *, op=None, owned=False, comm=None, collective="allreduce",
+    _inline=False, **_: t.start(x, op, owned, comm, collective, _inline),
     "comm_wait": lambda t, handle, **_: t.wait(handle),
 }
 

@@ -273,6 +273,13 @@ def test_hundred_gradients_become_buckets(bucket_bytes, expect):
     # ... and the buckets fill in the order the gradients become ready: the last parameter's
     # first (its update reads bucket 0), the first parameter's last
     assert [n.attrs["bucket"] for n in starts] == list(range(expect))
+    # a bucket runs on the step's thread (``_inline``) only when nothing worth overlapping
+    # computes before its wait: the last one started (the first parameter's gradient, whose
+    # update is the first to wait) — never the first of several, which the rest of the
+    # backward pass overlaps
+    inline = [n.attrs.get("_inline", False) for n in starts]
+    assert inline[-1] and (expect == 1 or not inline[0]), inline
+    assert "_inline" not in str(exe.graph.meta.collective_schedule)  # (ranks may differ)
     read = [_buckets_read(exe.graph.outputs[1 + i]) for i in range(len(params))]
     assert read[-1] == {0} and read[0] == {expect - 1}
     assert all(len(r) == 1 for r in read)

@@ -38,7 +38,7 @@ from ... import numpy as rnp
 from ...dtypes import is_float
 from ...errors import source_line
 from ..core import Graph, bind
-from ..primitives import REGISTRY
+from ..primitives import ELEMENTWISE, REDUCTION, REGISTRY, SOURCE
 from ..rebuild import Rebuilder
 from .bucket_plan import (
     COLLECTIVE,
@@ -154,7 +154,7 @@ def bucketing(graph: Graph, bucket_bytes: int = 25 * 2**20, compress=None,
                 finish(b)
     graph = rb.finish()
     graph = _scheduled(graph, [buckets[b] for b in started])
-    return sink_waits(graph) if overlap else graph
+    return mark_inline(sink_waits(graph)) if overlap else graph
 
 
 def _scheduled(graph: Graph, buckets) -> Graph:
@@ -264,3 +264,32 @@ def sink_waits(graph: Graph) -> Graph:
         else:
             first.append(node)
     return Graph(graph.inputs, first + later, graph.outputs, graph.meta.copy())
+
+
+def mark_inline(graph: Graph) -> Graph:
+    """Mark ``_inline`` each ``comm_start`` before whose ``comm_wait`` nothing worth overlapping
+    computes (views, constants, other exchanges, and elementwise ops and reductions of fewer than
+    ``OVERLAP_WORTH`` elements in all — a loss's sum): handing it to the communication thread
+    would cost more than it hides, so the transport may run it on the step's thread
+    (``overlap.CommThread.submit``). A private attribute: the processes need not agree on it
+    (the exchanges' order is the same either way), and the schedule they compare leaves it out."""
+    waits = {n.inputs[0].id: i for i, n in enumerate(graph.nodes) if n.prim == "comm_wait"}
+    for i, node in enumerate(graph.nodes):
+        j = waits.get(node.out.id) if node.prim == "comm_start" else None
+        if j is not None and sum(_work(n) for n in graph.nodes[i + 1:j]) < OVERLAP_WORTH:
+            node.attrs = dict(node.attrs, _inline=True)
+    return graph
+
+
+OVERLAP_WORTH = 1 << 16  # elements read by elementwise ops and reductions
+
+
+def _work(node) -> float:
+    """How much ``node`` computes, in elements read; a contraction (matmul, convolution) or
+    anything else not elementwise counts as worth overlapping."""
+    spec = REGISTRY[node.prim]
+    if spec.kind == SOURCE or spec.alias or spec.host:
+        return 0
+    if spec.kind in (ELEMENTWISE, REDUCTION):
+        return sum(x.size for x in node.inputs)
+    return float("inf")

@@ -66,9 +66,10 @@ class _Transport:
         return self._watched(f"allreduce({op})", x, lambda: self.wait(self._allreduce(x, op)))
 
     def start(self, x, op: str, owned: bool = False, comm=None,
-              collective: str = "allreduce") -> Pending:
+              collective: str = "allreduce", inline: bool = False) -> Pending:
         """A bucket's exchange (all-reduce; a sharded step's reduce-scatter or all-gather),
-        started now and waited for where it is read."""
+        started now on the device's stream and waited for where it is read (``inline`` changes
+        nothing: no thread of ours runs it)."""
         if collective == "allgather":
             return self._watched("allgather (bucket)", x, lambda: self._gather(x))
         pending = self._watched(f"{collective}({op}) (bucket)", x,

@@ -6,6 +6,14 @@ they were started, which is the same on every rank (it is the compiled graph's o
 reductions stay fixed-order and reproducible. It talks on its own duplicate of the replicas'
 communicator (the world, or an ``ActorLearner``'s learners), so its traffic never mixes with
 collectives the main thread issues meanwhile.
+
+An exchange whose wait comes before anything else computes (bucketing marks it ``inline``: a
+cross-replica BatchNorm's statistics, the step's last bucket) has nothing to overlap with: handing
+it to the thread only adds two thread switches and a second busy thread beside the step's. It
+runs on the caller's thread instead, over the thread's communicator, when the thread is idle —
+every exchange started before it has completed — so each communicator still sees the exchanges
+in the one order every rank agrees on, whichever thread runs them. (Whether the thread is idle
+differs between ranks; the order does not.)
 """
 
 from __future__ import annotations
@@ -43,28 +51,46 @@ class CommThread:
     def __init__(self, comm):
         self.comm = comm
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # jobs handed to the thread, and those it has finished (each written by one side only):
+        # equal when the thread is idle, waiting for the next
+        self.submitted = self.finished = 0
+        self.inlined = 0  # exchanges run on the caller's thread (``submit(inline=True)``)
+        self._submitting = threading.Lock()  # (one submitter at a time sees the thread idle)
         self.thread = threading.Thread(target=self._loop, name="replicate-comm", daemon=True)
         self.thread.start()
 
-    def submit(self, fn, *args, kind: str = "allreduce") -> Handle:
-        """Run ``fn(comm, *args)`` on the thread (``kind``: the profiler's name for it)."""
+    def submit(self, fn, *args, kind: str = "allreduce", inline: bool = False) -> Handle:
+        """Run ``fn(comm, *args)`` on the thread (``kind``: the profiler's name for it); with
+        ``inline``, now on this thread if the thread is idle (see the module's docstring)."""
         handle = Handle()
-        self.jobs.put((handle, fn, args, kind))
+        with self._submitting:
+            if inline and self.finished == self.submitted:
+                self.inlined += 1
+                self._run(handle, fn, args, f"{kind} (inline)")
+                return handle
+            self.submitted += 1
+            self.jobs.put((handle, fn, args, kind))
         return handle
+
+    def _run(self, handle, fn, args, label):
+        profiler = profile.active()
+        start = profiler.now() if profiler is not None else 0
+        try:
+            handle._value = fn(self.comm, *args)
+        except BaseException as e:  # handed to whoever waits for this bucket
+            handle._error = e
+        if profiler is not None:
+            profiler.add(label, "communication", start, profiler.now(),
+                         bytes=int(getattr(args[0], "nbytes", 0)))
+        handle._done.set()
 
     def _loop(self):
         while True:
             handle, fn, args, kind = self.jobs.get()
-            profiler = profile.active()
-            start = profiler.now() if profiler is not None else 0
             try:
-                handle._value = fn(self.comm, *args)
-            except BaseException as e:  # handed to whoever waits for this bucket
-                handle._error = e
-            if profiler is not None:
-                profiler.add(f"{kind} (communication thread)", "communication", start,
-                             profiler.now(), bytes=int(getattr(args[0], "nbytes", 0)))
-            handle._done.set()
+                self._run(handle, fn, args, f"{kind} (communication thread)")
+            finally:
+                self.finished += 1  # (after its last MPI call: the caller may use the comm)
 
 
 def comm_thread(label: str | None = None) -> CommThread:
@@ -78,15 +104,17 @@ def comm_thread(label: str | None = None) -> CommThread:
         return _threads[comm.label]
 
 
-def start_allreduce(x, op: str, inplace: bool = False, comm: str | None = None) -> Handle:
-    """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket).
+def start_allreduce(x, op: str, inplace: bool = False, comm: str | None = None,
+                    inline: bool = False) -> Handle:
+    """Reduce ``x`` on the communication thread (over ``x`` itself if ``inplace``: a bucket;
+    ``inline``: on this thread if the communication thread is idle, ``CommThread.submit``).
 
     ``x`` may be a list of arrays: a bucket left unpacked (its parts, as the JAX backend
     hands them over, see ``backends/jax_host.py``), reduced over themselves; the handle's result
     is that list."""
     if isinstance(x, list):
-        return comm_thread(comm).submit(reduce_parts, x, op)
-    return comm_thread(comm).submit(lambda c, x: c.allreduce(x, op, inplace), x)
+        return comm_thread(comm).submit(reduce_parts, x, op, inline=inline)
+    return comm_thread(comm).submit(lambda c, x: c.allreduce(x, op, inplace), x, inline=inline)
 
 
 PACK_BELOW = 1 << 20  # parts of an unpacked bucket smaller than this travel packed together

@@ -72,15 +72,18 @@ class HostTransport:
     def broadcast(self, x, root: int, comm=None):
         return group(comm).bcast(x, root)
 
-    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"):
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce",
+              inline: bool = False):
         """A bucket's exchange on the communication thread (an all-reduce; a sharded step's
-        reduce-scatter or all-gather): a handle for ``wait``."""
+        reduce-scatter or all-gather): a handle for ``wait``. ``inline``: nothing computes
+        before its wait, so it runs now on this thread if the communication thread is idle."""
         if collective == "reduce_scatter":
             return comm_thread(comm).submit(lambda c, x: reduce_scatter(c, x, op), x,
-                                            kind="reduce_scatter")
+                                            kind="reduce_scatter", inline=inline)
         if collective == "allgather":
-            return comm_thread(comm).submit(lambda c, x: c.allgather(x), x, kind="allgather")
-        return start_allreduce(x, op, owned, comm)
+            return comm_thread(comm).submit(lambda c, x: c.allgather(x), x, kind="allgather",
+                                            inline=inline)
+        return start_allreduce(x, op, owned, comm, inline)
 
     def wait(self, handle):
         return handle.result()
@@ -110,8 +113,9 @@ class HostStaged:
     def broadcast(self, x, root: int, comm=None):
         return self.device.to_device(HOST.broadcast(self.device.to_host(x), root, comm))
 
-    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce"):
-        return HOST.start(self.device.to_host(x), op, owned, comm, collective)
+    def start(self, x, op: str, owned: bool = False, comm=None, collective="allreduce",
+              inline: bool = False):
+        return HOST.start(self.device.to_host(x), op, owned, comm, collective, inline)
 
     def wait(self, handle):
         return self.device.to_device(HOST.wait(handle))
