@@ -189,4 +189,4 @@ class Progress:
             self.bar = None
 
 
-__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "settle", "tree"]
+__all__ = ["Checkpoint", "Every", "MetricsLog", "Progress", "scalars", "settle"]
