@@ -274,9 +274,12 @@ def mark_inline(graph: Graph) -> Graph:
     (``overlap.CommThread.submit``). A private attribute: the processes need not agree on it
     (the exchanges' order is the same either way), and the schedule they compare leaves it out."""
     waits = {n.inputs[0].id: i for i, n in enumerate(graph.nodes) if n.prim == "comm_wait"}
+    done = [0]  # the work of the nodes before each position (one pass, not one per bucket)
+    for n in graph.nodes:
+        done.append(done[-1] + _work(n))
     for i, node in enumerate(graph.nodes):
         j = waits.get(node.out.id) if node.prim == "comm_start" else None
-        if j is not None and sum(_work(n) for n in graph.nodes[i + 1:j]) < OVERLAP_WORTH:
+        if j is not None and done[j] - done[i + 1] < OVERLAP_WORTH:
             node.attrs = dict(node.attrs, _inline=True)
     return graph
 
@@ -284,12 +287,12 @@ def mark_inline(graph: Graph) -> Graph:
 OVERLAP_WORTH = 1 << 16  # elements read by elementwise ops and reductions
 
 
-def _work(node) -> float:
+def _work(node) -> int:
     """How much ``node`` computes, in elements read; a contraction (matmul, convolution) or
-    anything else not elementwise counts as worth overlapping."""
+    anything else not elementwise counts as worth overlapping (``OVERLAP_WORTH`` on its own)."""
     spec = REGISTRY[node.prim]
     if spec.kind == SOURCE or spec.alias or spec.host:
         return 0
     if spec.kind in (ELEMENTWISE, REDUCTION):
         return sum(x.size for x in node.inputs)
-    return float("inf")
+    return OVERLAP_WORTH
