@@ -111,6 +111,17 @@ needs_mpi = [pytest.mark.mpi,
              pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (mpich wheel)")]
 
 
+def optional_torch(what: str = "the comparison with PyTorch"):
+    """``(torch or None, a skip mark for the tests that need it)``: PyTorch is in the ``bench``
+    extra, not ``test``, so CI runs without it and only the comparisons with it skip (imported
+    here on request, never by every process that imports this module)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    return torch, pytest.mark.skipif(torch is None, reason=f"needs torch (bench extra): {what}")
+
+
 def child_env(blas_threads: int | None = 1, **extra) -> dict:
     """The environment of a child process: the checkout and ``tests/`` importable (a test module
     run as a program imports ``harness`` and this ``conftest``), ``blas_threads`` BLAS threads

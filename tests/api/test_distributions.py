@@ -15,13 +15,9 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import optional_torch
 
-try:  # the comparisons with PyTorch need it; the NumPy references do not
-    import torch
-except ImportError:
-    torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (bench extra): the "
-                                 "comparison with PyTorch")
+torch, needs_torch = optional_torch()  # (the NumPy references run without it)
 D = rp.distributions
 MODES = ["graph", "eager"]
 

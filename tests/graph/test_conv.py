@@ -21,17 +21,13 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import optional_torch
 from replicate.graph import conv
 from replicate.graph.core import bind
 
 HAVE_JAX = importlib.util.find_spec("jax") is not None
-try:  # the comparisons with PyTorch's convolution need it; the other tests run without it
-    import torch
-    F = torch.nn.functional
-except ImportError:
-    torch = F = None
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is optional (the [bench] extra): "
-                                 "the comparison with PyTorch's convolution")
+torch, needs_torch = optional_torch("the comparison with PyTorch's convolution")
+F = torch.nn.functional if torch is not None else None
 RUNS = {"numpy": dict(mode="graph"), "eager": dict(mode="eager")}
 if HAVE_JAX:
     RUNS["jax"] = dict(backend="jax")
