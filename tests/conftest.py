@@ -272,6 +272,23 @@ def checkpoint_files(folder) -> list[str]:
     return sorted(f for f in os.listdir(folder) if not f.endswith(".lock"))
 
 
+def held_back(monkeypatch, seconds, fail_at=None):
+    """Each checkpoint write starts ``seconds`` late (an asynchronous checkpoint's next steps run
+    while it is in flight); the one of step ``fail_at`` then fails as a full disk would."""
+    import replicate as rp
+    from replicate.runtime.variables import checkpoint
+
+    save = checkpoint.save
+
+    def late_save(path, state, step=0, **kw):
+        time.sleep(seconds)
+        if step == fail_at:
+            raise rp.CheckpointError(f"cannot write checkpoint {path!r}: OSError: disk full")
+        save(path, state, step=step, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", late_save)
+
+
 SHM_MARK = "mpich-shm-mapped:"  # a line a test program prints: ``... mpich-shm-mapped: PATHS``
 
 

@@ -24,7 +24,7 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import PROGRAMS, checkpoint_files, mpirun, needs_mpi, report
+from conftest import PROGRAMS, checkpoint_files, held_back, mpirun, needs_mpi, report
 
 sys.path.insert(0, PROGRAMS)
 from trust_mpi import batches_of, nan_gradient_program  # noqa: E402
@@ -347,13 +347,25 @@ def test_integer_mean_in_a_replicator_with_two_replicas():
 
 
 # -- 7. check_finite checks what is written -------------------------------------------------------
+BACKGROUND = pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "background"])
+
+
+@BACKGROUND
 @pytest.mark.parametrize("mode,k", [("graph", 1), ("graph", 2), ("eager", 1)])
-def test_a_nan_update_is_never_written_nor_checkpointed(mode, k, tmp_path):
+def test_a_nan_update_is_never_written_nor_checkpointed(mode, k, asynchronous, tmp_path,
+                                                        monkeypatch):
+    """In the background (``asynchronous=True``) step 3's write is held back, so step 4's update
+    is refused while it is in flight: ``run`` raises once that write is done."""
+    if asynchronous:
+        held_back(monkeypatch, 0.3)
     rep, w, opt = nan_gradient_program(mode, k)
     pattern = str(tmp_path / "ckpt-{step}.npz")
     state = {"w": w, "opt": opt.optimizer.variables()}
+    ck = rp.callbacks.Checkpoint(pattern, state, every=1, asynchronous=asynchronous)
     with np.errstate(all="ignore"), pytest.raises(rp.NonFiniteError) as e:
-        rep.run(callbacks=[rp.callbacks.Checkpoint(pattern, state, every=1)])
+        rep.run(callbacks=[ck])
+    if asynchronous:
+        assert ck.writer._thread is None  # waited for
     message = str(e.value)
     assert message.startswith("step 4: non-finite values"), message
     assert "variable 'w' (this step's update, not written): nan" in message
@@ -431,9 +443,12 @@ def test_mpi_rank_dependent_branch_is_found_at_run_time(mode, tmp_path):
 
 
 @with_mpi
+@BACKGROUND
 @pytest.mark.parametrize("mode", MODES)
-def test_mpi_diverged_state_is_never_checkpointed(mode, tmp_path):
-    ranks, result = run_case("drift_checkpoint", mode, tmp_path)
+def test_mpi_diverged_state_is_never_checkpointed(mode, asynchronous, tmp_path):
+    """In the background every rank raises the synchronous save's error at the next step
+    boundary after the write found the copies differ (the end of this 3-step run)."""
+    ranks, result = run_case("drift_checkpoint" + "_async" * asynchronous, mode, tmp_path)
     for r in ranks:
         kind, message = r["error"]
         assert kind == "DivergenceError", message
@@ -464,12 +479,16 @@ def test_mpi_integer_mean_is_an_error(mode, tmp_path):
 
 
 @with_mpi
+@BACKGROUND
 @pytest.mark.parametrize("mode", MODES)
-def test_mpi_nan_update_is_not_written_on_any_rank(mode, tmp_path):
-    ranks, _ = run_case("nan_update", mode, tmp_path)
+def test_mpi_nan_update_is_not_written_on_any_rank(mode, asynchronous, tmp_path):
+    ranks, _ = run_case("nan_update" + "_async" * asynchronous, mode, tmp_path)
     for r in ranks:
         kind, message = r["error"]
         assert kind == "NonFiniteError" and message.startswith("step 4:"), message
         assert r["step"] == 3 and np.isfinite(r["w"]).all()
         assert r["files"] == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
     assert ranks[0]["w"] == ranks[1]["w"]
+    if asynchronous:  # (the writes of steps 1-3 done when run raised, the same on both ranks)
+        saved = np.load(tmp_path / "ckpt" / "ckpt-3.npz")["var/w"]
+        np.testing.assert_array_equal(saved, np.asarray(ranks[0]["w"], np.float32))

@@ -1,25 +1,23 @@
 """Asynchronous checkpoints (``rp.callbacks.Checkpoint(..., asynchronous=True)``,
 ``runtime/variables/background.py``): the files equal the synchronous save's, resume is bitwise,
 a failed write is raised, and a process killed during a background write leaves the previous
-checkpoint intact. The synchronous save's guarantees of tests/api/test_trust.py hold here too:
-diverged state (2 processes) and a refused non-finite update are never written, with the same
-error."""
+checkpoint intact. The synchronous save's guarantees hold too: diverged state (2 processes) and
+a refused non-finite update are never written, with the same error (tests/api/test_trust.py
+runs those tests with ``asynchronous`` False and True)."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import PROGRAMS, checkpoint_files, mpirun, needs_mpi, report
+from conftest import PROGRAMS, checkpoint_files, held_back
 from replicate.runtime.variables import checkpoint
 
 sys.path.insert(0, PROGRAMS)
@@ -167,47 +165,8 @@ def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint(tmp_pat
     assert info["step"] == 1 and not big.numpy().any()
 
 
-# -- the synchronous save's guarantees (tests/api/test_trust.py), with asynchronous=True ---------
-def held_back(monkeypatch, seconds, fail_at=None):
-    """Each background write starts ``seconds`` late (so the next steps run while it is in
-    flight); the one of step ``fail_at`` then fails as a full disk would."""
-    save = checkpoint.save
-
-    def late_save(path, state, step=0, **kw):
-        time.sleep(seconds)
-        if step == fail_at:
-            raise rp.CheckpointError(f"cannot write checkpoint {path!r}: OSError: disk full")
-        save(path, state, step=step, **kw)
-
-    monkeypatch.setattr(checkpoint, "save", late_save)
-
-
-@pytest.mark.parametrize("mode,k", [("graph", 1), ("graph", 2), ("eager", 1)])
-def test_a_nan_update_is_never_checkpointed_in_the_background(mode, k, tmp_path, monkeypatch):
-    """test_a_nan_update_is_never_written_nor_checkpointed: step 4's NaN update is refused while
-    step 3's write is still in flight; ``run`` raises once that write is done, and no file holds
-    a non-finite value."""
-    held_back(monkeypatch, 0.3)
-    rep, w, opt = nan_gradient_program(mode, k)
-    pattern = str(tmp_path / "ckpt-{step}.npz")
-    state = {"w": w, "opt": opt.optimizer.variables()}
-    ck = rp.callbacks.Checkpoint(pattern, state, every=1, asynchronous=True)
-    with np.errstate(all="ignore"), pytest.raises(rp.NonFiniteError) as e:
-        rep.run(callbacks=[ck])
-    message = str(e.value)
-    assert message.startswith("step 4: non-finite values"), message
-    assert "variable 'w' (this step's update, not written): nan" in message
-    assert rep.step == 3 and np.isfinite(w.numpy()).all()
-    assert ck.writer._thread is None  # waited for
-    assert checkpoint_files(tmp_path) == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
-    saved = np.load(tmp_path / "ckpt-3.npz")
-    before = w.numpy().copy()
-    w.load(np.zeros(3, np.float32))
-    rp.checkpoint.restore(pattern, state)
-    np.testing.assert_array_equal(w.numpy(), before)
-    assert all(np.isfinite(saved[k]).all() for k in saved.files if saved[k].dtype.kind == "f")
-
-
+# -- the synchronous save's guarantees with asynchronous=True: tests/api/test_trust.py (a refused
+# non-finite update, diverged state on 2 processes: each test there runs both ways) -------------
 def test_a_write_failing_while_the_run_fails_is_raised(tmp_path, monkeypatch):
     """Step 3's write fails while step 4 is refused: the write's error is raised (the one the
     synchronous save raises at step 3), the step's error as its context — never dropped."""
@@ -221,44 +180,3 @@ def test_a_write_failing_while_the_run_fails_is_raised(tmp_path, monkeypatch):
     assert rep.step == 3 and checkpoint_files(tmp_path) == ["ckpt-1.npz", "ckpt-2.npz"]
     ck.wait()  # (raised once)
 
-
-def with_mpi(test):
-    for mark in needs_mpi:
-        test = mark(test)
-    return test
-
-
-def run_case(case, mode, tmp_path):
-    """tests/runtime/programs/trust_mpi.py's CASE on 2 processes: each rank's report."""
-    result = mpirun("trust_mpi.py", case, mode, str(tmp_path), timeout=120)
-    assert result.returncode == 0, report(result)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-
-
-@with_mpi
-@pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_mpi_diverged_state_is_never_checkpointed_in_the_background(mode, tmp_path):
-    """test_mpi_diverged_state_is_never_checkpointed: the step-2 write finds the ranks' copies
-    differ; every rank raises the synchronous save's DivergenceError (at the end of run, the
-    next step boundary of this 3-step run) and no file is written."""
-    for r in run_case("drift_checkpoint_async", mode, tmp_path):
-        kind, message = r["error"]
-        assert kind == "DivergenceError", message
-        assert message.startswith("step 2, before writing checkpoint"), message
-    assert checkpoint_files(tmp_path / "ckpt") == []
-
-
-@with_mpi
-@pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_mpi_nan_update_is_not_checkpointed_in_the_background(mode, tmp_path):
-    """test_mpi_nan_update_is_not_written_on_any_rank: step 4 is refused on both ranks; the
-    writes of steps 1-3 are done when run raises, and hold the same finite state."""
-    ranks = run_case("nan_update_async", mode, tmp_path)
-    for r in ranks:
-        kind, message = r["error"]
-        assert kind == "NonFiniteError" and message.startswith("step 4:"), message
-        assert r["step"] == 3 and np.isfinite(r["w"]).all()
-        assert r["files"] == ["ckpt-1.npz", "ckpt-2.npz", "ckpt-3.npz"]
-    assert ranks[0]["w"] == ranks[1]["w"]
-    saved = np.load(tmp_path / "ckpt" / "ckpt-3.npz")["var/w"]
-    np.testing.assert_array_equal(saved, np.asarray(ranks[0]["w"], np.float32))
