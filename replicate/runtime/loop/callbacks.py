@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 
-from ... import tree
 from ...errors import ReplicateError
 from ..variables import checkpoint, runs
 from ..variables.background import BackgroundWriter
