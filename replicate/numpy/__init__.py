@@ -18,7 +18,9 @@ every dtype against NumPy, and lists these):
   a Python float (``full`` otherwise takes its fill value's dtype: bool, int64 for an int —
   PyTorch's rule), ``arange`` with a Python float and ``linspace`` of Python numbers. What
   converts data keeps NumPy's dtype: ``asarray`` of Python floats is float64, and a NumPy value
-  given to ``arange``, ``linspace`` or ``full`` keeps its own dtype;
+  given to ``arange``, ``linspace`` or ``full`` keeps its own dtype. Where float32 would change
+  such values beyond rounding (two made one past 2**24, a finite one made inf) it is a
+  ``DTypeError`` naming ``dtype=rnp.float64``, never a silently repeated or infinite value;
 * float functions (``exp``, ``sqrt``, ``sin``, ...) of bools and integers are NumPy's: float16
   for bools and 8-bit integers, float64 for 32- and 64-bit ones; ``mean``/``var``/``std`` of
   them are float64;

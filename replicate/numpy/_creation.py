@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ReplicateError, ShapeError
+from ..errors import DTypeError, ReplicateError, ShapeError
 from ..graph.core import Array, concrete
 from ._base import as_array, cast, check_device
 from ._elementwise import where
@@ -44,6 +44,8 @@ def full(shape, fill_value, dtype=None, *, device=None):
     value = as_array(fill_value)  # refuses what is not a supported array or number
     if dtype is None:
         dtype = DEFAULT_FLOAT if type(fill_value) is float else value.dtype
+        if type(fill_value) is float:  # (one beyond float32's range is refused, not inf)
+            _in_default_float(np.asarray([fill_value]), "full")
     # a Python number as it is: NumPy refuses one out of the dtype's range (300 in int8)
     fill = fill_value if isinstance(fill_value, numbers.Number) else value.value
     return concrete(np.full(shape, fill, dtype))
@@ -71,6 +73,29 @@ def _numbers_only(*values) -> bool:
     return all(v is None or type(v) in (bool, int, float) for v in values)
 
 
+def _in_default_float(value: np.ndarray, what: str) -> np.ndarray:
+    """A float64 sequence made from Python numbers, rounded once to the default float — refused
+    where that changes it beyond rounding: two distinct values made one (past 2**24 float32
+    steps by 2 and more) or a finite value made infinite. NumPy's float64 would keep them; a
+    silently repeated or infinite coordinate is a wrong number, not a precision choice."""
+    with np.errstate(over="ignore"):  # (refused below)
+        low = value.astype(DEFAULT_FLOAT)
+    lost = np.isinf(low) & np.isfinite(value)
+    merged = (low[1:] == low[:-1]) & (value[1:] != value[:-1])
+    if lost.any():
+        i = int(np.argmax(lost))
+        said = f"{float(value[i])!r} becomes inf"
+    elif merged.any():
+        i = int(np.argmax(merged))
+        said = (f"{float(value[i])!r} and {float(value[i + 1])!r} both become "
+                f"{float(low[i])!r}")
+    else:
+        return low
+    raise DTypeError(
+        f"{what} of Python numbers is float32 here (the default float, as JAX's and PyTorch's), "
+        f"and in float32 {said}: pass dtype=rnp.float64 (NumPy's default), or integers")
+
+
 def arange(start, stop=None, step=None, dtype=None, *, device=None):
     """``np.arange``: ``start`` to ``stop`` (``0`` to ``start`` when ``stop`` is None) by ``step``
     (1 when None), a constant (known when traced). Python ints give int64 and Python floats the
@@ -83,7 +108,7 @@ def arange(start, stop=None, step=None, dtype=None, *, device=None):
     check_device(device, "arange")
     value = np.arange(start, stop, step, dtype=dtype)
     if dtype is None and value.dtype == np.float64 and _numbers_only(start, stop, step):
-        value = value.astype(DEFAULT_FLOAT)  # (computed in float64, rounded once)
+        value = _in_default_float(value, "arange")  # (computed in float64, rounded once)
     return concrete(value)
 
 
@@ -181,7 +206,7 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None, *, device=None):
         raise ValueError(f"linspace: num must be non-negative, got {num}")
     value = np.linspace(start, stop, num, endpoint=bool(endpoint), dtype=dtype)
     if dtype is None and value.dtype == np.float64 and _numbers_only(start, stop):
-        value = value.astype(DEFAULT_FLOAT)  # (computed in float64, rounded once)
+        value = _in_default_float(value, "linspace")  # (computed in float64, rounded once)
     return as_array(value)
 
 

@@ -137,6 +137,29 @@ def test_converted_data_keeps_numpys_dtype(name):
     assert rnp.asarray(fn()).dtype == np.dtype(dtype)
 
 
+# where float32 would change the values beyond rounding — distinct ones made one (past 2**24) or
+# a finite one made infinite — the default float is refused with a DTypeError, never a silently
+# repeated or infinite value; float64 asked for gives NumPy's
+REFUSED = {"arange-past-2**24": (lambda **kw: rnp.arange(0.0, 2e7, **kw), "both become"),
+           "linspace-past-2**24": (lambda **kw: rnp.linspace(16777216, 16777220, 5, **kw),
+                                   "both become"),
+           "linspace-overflow": (lambda **kw: rnp.linspace(0, 1e39, 3, **kw), "becomes inf"),
+           "full-overflow": (lambda **kw: rnp.full(2, 1e39, **kw), "becomes inf")}
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_float32_that_would_change_the_values_is_refused(name, mode):
+    make, said = REFUSED[name]
+    with pytest.raises(rp.DTypeError, match=f"{said}.*dtype=rnp.float64"):
+        rp.function(lambda: make(), mode=mode)()
+    want = {"arange-past-2**24": lambda: np.arange(0.0, 2e7),
+            "linspace-past-2**24": lambda: np.linspace(16777216, 16777220, 5),
+            "linspace-overflow": lambda: np.linspace(0, 1e39, 3),
+            "full-overflow": lambda: np.full(2, 1e39)}[name]()
+    np.testing.assert_array_equal(rp.function(lambda: make(dtype=rnp.float64), mode=mode)(), want)
+
+
 @pytest.mark.parametrize("args", [(5,), (0, 1, 0.25), (2.0,), (-1.5, 2, 0.5), (1, 10, 3)], ids=str)
 def test_arange_values_are_numpys(args):
     want = np.arange(*args)
