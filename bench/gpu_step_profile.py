@@ -6,7 +6,8 @@ Prints the step's calls (``exe.kernels``), the median wall time per step with an
 device synchronisation after each (near-equal: the host is the bottleneck), and cProfile's
 top functions by own time over ``--steps`` steps.
 
-    python bench/gpu_step_profile.py [--kind mlp|conv] [--steps 50]
+    python bench/gpu_step_profile.py [--kind mlp|conv|gpt-small|gpt-large] [--steps 50]
+        [--sort tottime,cumulative] [--top 25]
 """
 
 from __future__ import annotations
@@ -26,14 +27,23 @@ import step_time as S  # noqa: E402
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", default="mlp", choices=("mlp", "conv"))
+    ap.add_argument("--kind", default="mlp", choices=("mlp", "conv", "gpt-small", "gpt-large"))
+    ap.add_argument("--sort", default="tottime", help="pstats order (tottime, cumulative)")
+    ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--steps", type=int, default=50)
     args = ap.parse_args(argv)
     import cupy as cp
 
-    params, x, y = (S.mlp_init(S.MLP_SIZES, S.MLP_BATCH) if args.kind == "mlp"
-                    else S.conv_init(S.CONV))
-    f = S.replicate_step(args.kind, params, "graph", "cupy")
+    if args.kind.startswith("gpt-"):
+        import transformer as T
+
+        cfg = T.SIZES[args.kind[4:]]
+        params, x, y = T.init(cfg)
+        f = T.replicate_step(cfg, params, "graph", "cupy")
+    else:
+        params, x, y = (S.mlp_init(S.MLP_SIZES, S.MLP_BATCH) if args.kind == "mlp"
+                        else S.conv_init(S.CONV))
+        f = S.replicate_step(args.kind, params, "graph", "cupy")
     exe = f.executable(x, y)
     print(f"{args.kind}: {len(exe.kernels)} calls per step: {exe.kernels}")
     sync = cp.cuda.get_current_stream().synchronize
@@ -56,7 +66,8 @@ def main(argv=None):
     sync()
     profile.disable()
     stats = pstats.Stats(profile)
-    stats.sort_stats("tottime").print_stats(25)
+    for order in args.sort.split(","):
+        stats.sort_stats(order).print_stats(args.top)
 
 
 if __name__ == "__main__":

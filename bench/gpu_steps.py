@@ -141,6 +141,9 @@ def main(argv=None):
     ap.add_argument("--kinds", default="mlp,conv,gpt-small,gpt-large",
                     help=f"comma-separated, of {', '.join(KINDS)}")
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    ap.add_argument("--calls", type=int, default=1,
+                    help="steps back to back per timing (as a training loop runs them; 1: each "
+                         "step alone between the other rows' steps)")
     args = ap.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -152,6 +155,7 @@ def main(argv=None):
         raise SystemExit("gpu_steps: no CUDA device")
     print(C.header("GPU training steps (batch as step_time.py)", "python bench/gpu_steps.py"))
     warmup, rounds = C.quick_counts(args.quick, 3, 30)
+    print(f"{args.calls} step(s) back to back per timing")
     for kind in kinds:
         check = None
         if kind.startswith("gpt-"):
@@ -168,6 +172,7 @@ def main(argv=None):
             if args.no_compile:
                 built.pop("torch.compile (CUDA)")
         rows = C.measure_many(built, warmup=warmup, rounds=rounds, max_seconds=30,
+                              calls=args.calls,
                               extra_fn=check)
         eager = next((r.timing for r in rows if r.name == "PyTorch eager (CUDA)"), None)
         for r in rows:
