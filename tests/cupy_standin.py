@@ -154,7 +154,8 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __getitem__(self, index):
         _no_host_arrays(index if isinstance(index, tuple) else (index,))
         a, ix = self._a, unwrap(index)
-        return wrap(_G.value_op(lambda: a[ix], (a, ix)))
+        return wrap(_G.value_op(lambda: a[_wrapped(ix, a.shape) if _G.REPLAYING else ix],
+                                (a, ix)))
 
     def __setitem__(self, index, value):
         a, ix, v = self._a, unwrap(index), unwrap(value)
@@ -253,6 +254,18 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
                 return wrap(_G.value_op(lambda: attr(*a, **k), (self._a, a, k)))
             return method
         return wrap(attr)
+
+
+def _wrapped(ix, shape):
+    """Index arrays as a GPU reads them in a graph's kernels: CuPy wraps an out-of-range index
+    around (NumPy raises; outside a graph the stand-in keeps NumPy's error, which the backend's
+    own checks match)."""
+    parts = ix if isinstance(ix, tuple) else (ix,)
+    if any(p is None or p is Ellipsis for p in parts) or len(parts) > len(shape):
+        return ix
+    out = tuple(np.mod(p, shape[k]) if isinstance(p, np.ndarray) and p.dtype.kind in "iu" and
+                shape[k] else p for k, p in enumerate(parts))
+    return out if isinstance(ix, tuple) else out[0]
 
 
 # functions that write their first operand (NumPy's names), methods that write their array

@@ -66,6 +66,7 @@ class _Capture:
 
 
 CAPTURE: list = []  # [the open capture]
+REPLAYING = False  # a graph's launch is running its steps
 
 
 def capturing():
@@ -301,8 +302,13 @@ class Graph:
             raise NotImplementedError("CuPy stand-in: a graph launched into a capture")
         if stream is not None:
             stream.ptr  # noqa: B018 - a Stream, as CuPy reads it
-        for op in self._ops:
-            op()
+        global REPLAYING
+        REPLAYING = True
+        try:
+            for op in self._ops:
+                op()
+        finally:
+            REPLAYING = False
 
     def upload(self, stream=None):
         pass
