@@ -37,6 +37,7 @@ test_device_state or test_cuda_codegen"}
 ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
 STEPS=${GPU_CHECK_STEPS:-"versions parity oracle nccl-one nccl-shared"}
 TESTS=${GPU_CHECK_TESTS:-"tests/backends/test_cupy_kernels.py tests/backends/test_cupy_scatter.py \
+tests/backends/test_cupy_graph.py \
 tests/backends/test_cuda_codegen.py tests/backends/test_device_state.py \
 tests/backends/test_backend_parity.py tests/backends/test_jax_backend.py \
 tests/api/test_ops_low_precision.py tests/graph/test_step_errors.py tests/api/test_interop.py"}

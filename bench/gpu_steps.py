@@ -1,6 +1,7 @@
 """The MLP and conv training steps of ``step_time.py`` and the GPT steps of ``transformer.py`` on
-one GPU: replicate's cupy backend vs ``jax.jit`` on the GPU vs PyTorch eager and ``torch.compile``
-on CUDA, plus what the cupy backend launches and moves per step (kernels, host<->device bytes).
+one GPU: replicate's cupy backend (op by op, and replayed as a CUDA graph) vs ``jax.jit`` on the
+GPU vs PyTorch eager and ``torch.compile`` on CUDA, plus what the cupy backend launches and
+moves per step (kernels, host<->device bytes).
 A GPT row's first loss is checked against the float64 NumPy reference, as in ``transformer.py``.
 
 Needs CuPy and an NVIDIA GPU (it fails, it does not skip, when there is none); run by
@@ -22,6 +23,8 @@ import step_time as S  # noqa: E402
 import transformer as T  # noqa: E402
 
 KINDS = ("mlp", "conv", "gpt-small", "gpt-large")
+# the same step with CUDA-graph replay on (``rp.CompileOptions(cuda_graph=True)``, issue 31)
+GRAPH_ROW = "replicate graph cupy, CUDA graph"
 
 
 def gpt_builders(size, compile_rows):
@@ -33,15 +36,17 @@ def gpt_builders(size, compile_rows):
     params, ids, targets = T.init(cfg)
     out = {}
 
-    def rep():
-        f = T.replicate_step(cfg, params, "graph", "cupy")
+    def rep(graph=False):
+        f = T.replicate_step(cfg, params, "graph", "cupy", options={"cuda_graph": graph})
         exe = f.executable(ids, targets)
-        print(f"  gpt-{size}: cupy backend launches {len(exe.kernels)} kernels/library calls "
-              "per step", flush=True)
+        if not graph:
+            print(f"  gpt-{size}: cupy backend launches {len(exe.kernels)} kernels/library "
+                  "calls per step", flush=True)
         return (lambda: f(ids, targets)), lambda loss: float(cp.asnumpy(cp.asarray(loss))
                                                               if isinstance(loss, cp.ndarray)
                                                               else np.asarray(loss))
     out["replicate graph cupy"] = rep
+    out[GRAPH_ROW] = lambda: rep(True)
 
     def jax_gpu():
         import jax
@@ -86,12 +91,16 @@ def builders(kind, quick):
     sync_cp = lambda _=None: cp.cuda.get_current_stream().synchronize()  # noqa: E731
     out = {}
 
-    def rep():
+    def rep(graph=False):
         from replicate.backends.cupy_device import DEVICE
 
-        f = S.replicate_step(kind, params, "graph", "cupy")
+        f = S.replicate_step(kind, params, "graph", "cupy", options={"cuda_graph": graph})
         exe = f.executable(x, y)
         f(x, y)  # the first call copies the variables up, once
+        if graph:
+            f(x, y)  # the second captures the graph (and checks its first replay)
+            print(f"  {kind}: CUDA graph: {getattr(exe.run, 'state', 'not asked')}")
+            return (lambda: f(x, y)), sync_cp
         before = dict(DEVICE.transfers)
         f(x, y)
         up, down = (DEVICE.transfers[k] - before[k] for k in ("to_device", "to_host"))
@@ -102,6 +111,7 @@ def builders(kind, quick):
               "the GPU")
         return (lambda: f(x, y)), sync_cp
     out["replicate graph cupy"] = rep
+    out[GRAPH_ROW] = lambda: rep(True)
 
     def jax_gpu():
         import jax
@@ -178,7 +188,7 @@ def main(argv=None):
         for r in rows:
             t = r.timing
             ratio = f"{t.median / eager.median:.2f}x PyTorch eager" if t and eager else ""
-            print(f"  {kind:9s} {r.name:24s} {t.ms() if t else 'n/a':>9} ms  {ratio}"
+            print(f"  {kind:9s} {r.name:32s} {t.ms() if t else 'n/a':>9} ms  {ratio}"
                   f"{'' if t else '  ' + str(r.note)}")
 
 

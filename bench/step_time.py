@@ -201,7 +201,7 @@ def replicate_model(kind, params):
     return model
 
 
-def replicate_step(kind, params, mode, backend):
+def replicate_step(kind, params, mode, backend, options=None):
     import replicate as rp
 
     model = replicate_model(kind, params)
@@ -212,7 +212,7 @@ def replicate_step(kind, params, mode, backend):
         opt.apply(rp.grad(loss, model.parameters()))
         return loss
 
-    return rp.function(step, mode=mode, backend=backend)
+    return rp.function(step, mode=mode, backend=backend, options=options)
 
 
 # -- JAX ------------------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def _rp_name(name):
     return name.replace(".attn.", ".attn_.attn.").replace(".proj.", ".attn_.proj.")
 
 
-def replicate_step(cfg, params, mode, backend, remat=False):
+def replicate_step(cfg, params, mode, backend, remat=False, options=None):
     import replicate as rp
 
     model = replicate_model(cfg, remat)
@@ -194,7 +194,7 @@ def replicate_step(cfg, params, mode, backend, remat=False):
         opt.apply(rp.grad(loss, model.parameters()))
         return loss
 
-    return rp.function(step, mode=mode, backend=backend)
+    return rp.function(step, mode=mode, backend=backend, options=options)
 
 
 # -- JAX, by hand ---------------------------------------------------------------------------------

@@ -59,12 +59,16 @@ class CompileOptions:
     ``"bfloat16"`` — the dtype bucketed float32 buffers travel in. ``overlap``: start each
     bucket's communication as soon as its gradients exist and wait for it only where its result
     is needed (a communication thread carries it). ``disable``: names of passes to skip.
+    ``cuda_graph``: the cupy backend captures a step without communication as a CUDA graph and
+    replays it (also ``REPLICATE_CUDA_GRAPH=1``; off by default, not yet verified on a GPU:
+    ``docs/guides/gpu.md``); other backends ignore it.
     """
 
     bucket_bytes: int = 25 * 2**20
     compress: str | None = None
     overlap: bool = True
     disable: frozenset = field(default_factory=frozenset)
+    cuda_graph: bool = False
 
     def __post_init__(self):
         if self.bucket_bytes < 0:
@@ -113,7 +117,8 @@ def compile_graph(graph, backend, options: CompileOptions | None = None) -> Exec
     options = options or CompileOptions()
     graph = run_passes(graph, backend_passes(backend, options),
                        StepContext(options=options, backend=backend))
-    lowered = backend.lower(graph)
+    replay = options.cuda_graph and getattr(backend, "cuda_graph_replay", False)
+    lowered = backend.lower(graph, cuda_graph=True) if replay else backend.lower(graph)
     return lowered if isinstance(lowered, Executable) else Executable(graph, lowered)
 
 

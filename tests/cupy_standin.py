@@ -40,10 +40,12 @@ communication staging are exercised as they are on a GPU. What it holds to CuPy'
   past the width gives 0 (right: the sign) — NumPy's 0 for a negative count is not CuPy's
   (``1 << INT64_MIN`` is 1 on an H200);
 * ``cupy.cuda`` (devices, streams, events) and ``cupy.cuda.nccl`` (carried by MPI) are in
-  ``cupy_standin_cuda.py``.
+  ``cupy_standin_cuda.py``; stream capture, CUDA graphs and memory pools in
+  ``cupy_standin_graph.py``: during a capture every operation on device arrays passes through
+  its ``value_op``/``mutation`` (recorded, run by ``Graph.launch``) or ``refuse`` (a host read).
 
-Not modelled: asynchrony (streams run their work at once), memory pools, CuPy's own kernels'
-numerics (its ``sum`` order, its ``erf``).
+Not modelled: asynchrony (streams run their work at once, except under capture), memory
+pools' blocks, CuPy's own kernels' numerics (its ``sum`` order, its ``erf``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import sys
 import types
 
 import cupy_standin_cuda as _CUDA
+import cupy_standin_graph as _G
 import numpy as np
 
 from replicate.backends.cuda_codegen import CTYPE, KernelSpec, split_reduction
@@ -124,29 +127,42 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         _no_host_arrays(inputs)
         out = kwargs.get("out")
+        ins, kw = unwrap(inputs), unwrap(kwargs)
         if method == "__call__" and ufunc in (np.left_shift, np.right_shift):  # ``a << b``
-            shifted = _gpu_shift(ufunc is np.left_shift)(*unwrap(inputs))
+            shift = _gpu_shift(ufunc is np.left_shift)
             if out is None:
-                return wrap(shifted)
-            unwrap(out[0])[...] = shifted
+                return wrap(_G.value_op(lambda: shift(*ins), ins))
+
+            def write():
+                kw["out"][0][...] = shift(*ins)
+            _G.mutation([kw["out"][0]], write)
             return out[0]
-        result = getattr(ufunc, method)(*unwrap(inputs), **unwrap(kwargs))
         if out is not None:
+            _G.mutation(list(kw["out"]), lambda: getattr(ufunc, method)(*ins, **kw))
             return out[0] if isinstance(out, tuple) and len(out) == 1 else out
-        return wrap(result)
+        return wrap(_G.value_op(lambda: getattr(ufunc, method)(*ins, **kw), (ins, kw)))
 
     def __array_function__(self, func, types_, args, kwargs):
         if REAL is not None and not hasattr(REAL, func.__name__):
             return NotImplemented  # NumPy then raises TypeError, as with CuPy
         _no_host_arrays(args)
-        return wrap(func(*unwrap(args), **unwrap(kwargs)))
+        a, kw = unwrap(args), unwrap(kwargs)
+        if func.__name__ in _MUTATORS:
+            return _G.mutation([a[0]], lambda: func(*a, **kw))
+        return wrap(_G.value_op(lambda: func(*a, **kw), (a, kw)))
 
     def __getitem__(self, index):
         _no_host_arrays(index if isinstance(index, tuple) else (index,))
-        return wrap(self._a[unwrap(index)])
+        a, ix = self._a, unwrap(index)
+        return wrap(_G.value_op(lambda: a[_wrapped(ix, a.shape) if _G.REPLAYING else ix],
+                                (a, ix)))
 
     def __setitem__(self, index, value):
-        self._a[unwrap(index)] = unwrap(value)
+        a, ix, v = self._a, unwrap(index), unwrap(value)
+
+        def write():
+            a[ix] = v
+        _G.mutation([a], write)
 
     def __len__(self):
         return len(self._a)
@@ -156,18 +172,22 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # reading a value on the host is a copy from the device in CuPy: counted as one
     def __bool__(self):
+        _G.refuse("bool() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return bool(self._a)
 
     def __float__(self):
+        _G.refuse("float() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return float(self._a)
 
     def __int__(self):
+        _G.refuse("int() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return int(self._a)
 
     def __index__(self):
+        _G.refuse("a device value used as an index on the host")
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.__index__()
 
@@ -195,15 +215,18 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
     def __repr__(self):
         return f"standin_{self._a!r}"
 
-    def get(self):
+    def get(self, stream=None):
+        _G.refuse("a copy to the host (get)")
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.copy()
 
     def fill(self, value):
-        _fill(self, unwrap(value))
+        _G.mutation([self._a], lambda: _fill(self, unwrap(value)))
 
     def astype(self, dtype, *args, **kwargs):  # to float16: the GPU's conversion (a NaN's sign)
-        return ndarray(canonical_half_nans(self._a.astype(dtype, *args, **kwargs)))
+        a = self._a
+        return ndarray(_G.value_op(lambda: canonical_half_nans(a.astype(dtype, *args, **kwargs)),
+                                   a))
 
     def set(self, arr, stream=None):
         """CuPy's copy from the host into this array (same shape and dtype), on ``stream``."""
@@ -212,23 +235,49 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
             raise ValueError(f"Shape mismatch. Old shape: {self._a.shape}, new shape: {a.shape}")
         if a.dtype != self._a.dtype:
             raise TypeError(f"{a.dtype} array cannot be set to {self._a.dtype} array")
+        _G.refuse("a copy up from host memory (set)")
         TRANSFERS["to_device"] += a.nbytes
         self._a[...] = a
 
     def __getattr__(self, name):
         if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
             raise AttributeError(name)
-        if name in ("item", "tolist"):  # copies to the host
+        if name in ("item", "tolist", "tobytes"):  # copies to the host
+            _G.refuse(f"a copy to the host ({name})")
             TRANSFERS["to_host"] += self._a.nbytes
         attr = getattr(self._a, name)
+        if name in _INPLACE_METHODS:
+            _G.refuse_unrecordable(f"ndarray.{name} (in place)")
         if callable(attr):
-            return lambda *a, **k: wrap(attr(*unwrap(a), **unwrap(k)))
+            def method(*a, **k):
+                a, k = unwrap(a), unwrap(k)
+                return wrap(_G.value_op(lambda: attr(*a, **k), (self._a, a, k)))
+            return method
         return wrap(attr)
+
+
+def _wrapped(ix, shape):
+    """Index arrays as a GPU reads them in a graph's kernels: CuPy wraps an out-of-range index
+    around (NumPy raises; outside a graph the stand-in keeps NumPy's error, which the backend's
+    own checks match)."""
+    parts = ix if isinstance(ix, tuple) else (ix,)
+    if any(p is None or p is Ellipsis for p in parts) or len(parts) > len(shape):
+        return ix
+    out = tuple(np.mod(p, shape[k]) if isinstance(p, np.ndarray) and p.dtype.kind in "iu" and
+                shape[k] else p for k, p in enumerate(parts))
+    return out if isinstance(ix, tuple) else out[0]
+
+
+# functions that write their first operand (NumPy's names), methods that write their array
+_MUTATORS = {"copyto", "put", "putmask", "place", "fill_diagonal", "put_along_axis"}
+_INPLACE_METHODS = {"sort", "put", "partition", "resize", "itemset", "setfield", "byteswap",
+                    "setflags"}
 
 
 def asarray(x, dtype=None):
     if isinstance(x, ndarray):
-        return x if dtype is None or x.dtype == dtype else ndarray(x._a.astype(dtype))
+        return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+    _G.refuse("a copy up from host memory (asarray)")
     a = np.array(x, dtype=dtype, copy=True)
     TRANSFERS["to_device"] += a.nbytes
     return ndarray(_memset_zeros(a) if a.ndim == 0 else a)  # CuPy fills a 0-d array
@@ -302,7 +351,17 @@ def _checked(fn, name):
             except TypeError as e:
                 raise TypeError(f"cupy.{name}: {e} (the real CuPy's signature)") from None
         _no_host_arrays(args)
-        return wrap(fn(*unwrap(args), **unwrap(kwargs)))
+        a, kw = unwrap(args), unwrap(kwargs)
+        if name in _MUTATORS:
+            return _G.mutation([a[0]], lambda: fn(*a, **kw))
+        if kw.get("out") is not None:  # ``cupy.exp(s, out=s)``: a write into ``out``
+            outs = kw["out"] if isinstance(kw["out"], tuple) else (kw["out"],)
+            _G.mutation(list(outs), lambda: fn(*a, **kw))
+            return kwargs["out"]
+        if name in ("array_equal", "array_equiv", "allclose"):  # CuPy's: a 0-d array
+            return wrap(_G.value_op(lambda: np.asarray(fn(*a, **kw)), (a, kw)))
+        return wrap(_G.value_op(lambda: unwrap(fn(*a, **kw)), (a, kw),
+                                alloc_only=name in ("empty", "empty_like")))
     run.__name__ = name
     return run
 
@@ -488,6 +547,11 @@ class ElementwiseKernel:
         shape = np.broadcast_shapes(*(a.shape for a, raw in zip(args, self.raw) if not raw))
         if not self.raw[-1] and shape != out.shape:  # a raw output is passed whole
             raise ValueError("Out shape is mismatched")
+        written = [out._a] + [a._a for a, raw in zip(ins, self.raw) if raw]  # (a raw: a flag)
+        _G.mutation(written, lambda: self._launch(args, ins, out, shape))
+        return out
+
+    def _launch(self, args, ins, out, shape):
         if self.model is not None:
             self.model(*[a._a if raw else np.broadcast_to(a._a, shape)
                          for a, raw in zip(args, self.raw)])
@@ -518,6 +582,10 @@ class ReductionKernel:
         self.real = REAL.ReductionKernel(*args, **kwargs) if REAL is not None else None
 
     def __call__(self, *ins, axis=None):
+        return ndarray(_G.value_op(lambda: self._reduce(*ins, axis=axis),
+                                   [getattr(a, "_a", None) for a in ins]))
+
+    def _reduce(self, *ins, axis=None):
         if len(ins) != len(self.in_types):
             raise TypeError(f"Wrong number of arguments for {self.spec.name!r}")
         if not ins or not all(isinstance(a, ndarray) for a in ins):
@@ -542,7 +610,7 @@ class ReductionKernel:
         env[red.out.id] = np.asarray(IMPL[red.prim](np.broadcast_to(value, shape), axes=axes)
                                      ).astype(acc)
         env = _evaluate(post, env, err)
-        return ndarray(flush_denormals(np.array(env[g.outputs[0].id], dtype=self.out_types[0])))
+        return flush_denormals(np.array(env[g.outputs[0].id], dtype=self.out_types[0]))
 
 
 # -- the module ---------------------------------------------------------------------------------
@@ -562,10 +630,13 @@ def _module_getattr(name):
 def _scatter_add(out, index, g):
     """CuPy's atomic adds apply in no set order: here, last update first (so a result that
     relies on NumPy's order — ``np.add.at``'s, first to last — shows it)."""
-    a, ix = out._a, unwrap(index)
-    pos = np.arange(a.size).reshape(a.shape)[ix]
-    vals = np.broadcast_to(unwrap(g), pos.shape).reshape(-1)
-    np.add.at(a.reshape(-1), pos.reshape(-1)[::-1], vals[::-1])
+    a, ix, gv = out._a, unwrap(index), unwrap(g)
+
+    def add():
+        pos = np.arange(a.size).reshape(a.shape)[ix]
+        vals = np.broadcast_to(gv, pos.shape).reshape(-1)
+        np.add.at(a.reshape(-1), pos.reshape(-1)[::-1], vals[::-1])
+    _G.mutation([a], add)
 
 
 def _segment_sum(p, pos, vals, out):
@@ -585,7 +656,8 @@ MODELS = {"replicate_segment_sum": _segment_sum}
 
 def _erf(x):
     from replicate.graph.special import erf
-    return wrap(erf(x._a).astype(x.dtype))
+    a = x._a
+    return wrap(_G.value_op(lambda: erf(a).astype(x.dtype), a))
 
 
 def _as_strided(x, shape=None, strides=None):
@@ -607,6 +679,7 @@ def _make_modules() -> dict:
     cp.ndarray, cp.asarray, cp.asnumpy = ndarray, asarray, asnumpy
     cp.ElementwiseKernel, cp.ReductionKernel = ElementwiseKernel, ReductionKernel
     cp.STANDIN = True
+    cp.get_default_memory_pool = _G.get_default_memory_pool
     # CuPy's sorts are stable whatever ``kind`` says (NumPy's default quicksort is not)
     cp.sort = _checked(lambda a, axis=-1, kind=None: np.sort(a, axis, kind="stable"), "sort")
     cp.argsort = _checked(lambda a, axis=-1, kind=None: np.argsort(a, axis, kind="stable"),

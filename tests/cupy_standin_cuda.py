@@ -42,6 +42,7 @@ import threading
 import types
 import weakref
 
+import cupy_standin_graph as _G
 import numpy as np
 
 
@@ -88,7 +89,7 @@ class Device:
         return self
 
     def synchronize(self):
-        pass
+        _G.refuse("cudaDeviceSynchronize")
 
     def __enter__(self):
         self._saved.append(STATE.device)
@@ -105,20 +106,25 @@ class Event:
             raise ValueError("Timing must be disabled for interprocess events")
         self.ptr = id(self)
         self.device_id = STATE.device  # (CUDA's event lives in the current device's context)
+        self.captured = None  # the stream whose capture recorded it
 
     @property
     def done(self) -> bool:
+        if self.captured is not None:
+            _G.refuse("a query of an event recorded in a capture", self.captured)
         return True
 
     def record(self, stream=None):
         """``cudaEventRecord`` on ``stream`` (a ``Stream``: its ``.ptr`` is read), else on the
         calling thread's current stream."""
-        ptr = get_current_stream().ptr if stream is None else stream.ptr
-        if _stream_device(ptr) != self.device_id:
+        stream = get_current_stream() if stream is None else stream
+        if _stream_device(stream.ptr) != self.device_id:
             raise _invalid_handle()
+        self.captured = stream if _G.is_capturing(stream) else None
 
     def synchronize(self):
-        pass
+        if self.captured is not None:
+            _G.refuse("a synchronisation with an event recorded in a capture", self.captured)
 
 
 _STREAMS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # ptr -> its Stream
@@ -160,13 +166,24 @@ class Stream:
 
     @property
     def done(self) -> bool:
+        _G.refuse("a query of a capturing stream", self)
         return True
 
     def record(self, event=None):
         event = Event() if event is None else event
         if _stream_device(self.ptr) != event.device_id:
             raise _invalid_handle()
+        event.captured = self if _G.is_capturing(self) else None
         return event
+
+    def begin_capture(self, mode=None):
+        _G.begin_capture(self, mode)
+
+    def end_capture(self):
+        return _G.end_capture(self)
+
+    def is_capturing(self) -> bool:
+        return _G.is_capturing(self)
 
     def wait_event(self, event):
         """``cudaStreamWaitEvent(self.ptr, event.ptr)``: an event of any device (CUDA allows
@@ -174,7 +191,7 @@ class Stream:
         event.ptr  # noqa: B018 - read as CuPy reads it: anything else raises AttributeError
 
     def synchronize(self):
-        pass
+        _G.refuse("a synchronisation of a capturing stream", self)
 
     def use(self):
         device = _check_stream_device(self.device_id)
@@ -384,8 +401,12 @@ def _nccl_module():
 
 def make_cuda():
     """The ``cupy.cuda`` namespace and its ``nccl`` module."""
-    runtime = types.SimpleNamespace(getDeviceCount=device_count, getDevice=lambda: STATE.device)
+    runtime = types.SimpleNamespace(getDeviceCount=device_count, getDevice=lambda: STATE.device,
+                                    CUDARuntimeError=_G.CUDARuntimeError, **_G.MODES)
     nccl = _nccl_module()
+    graph = types.SimpleNamespace(Graph=_G.Graph)
     cuda = types.SimpleNamespace(runtime=runtime, Device=Device, Stream=Stream, Event=Event,
-                                 get_current_stream=get_current_stream, nccl=nccl)
+                                 get_current_stream=get_current_stream, nccl=nccl, graph=graph,
+                                 MemoryPool=_G.MemoryPool, using_allocator=_G.using_allocator,
+                                 set_allocator=_G.set_allocator, get_allocator=_G.get_allocator)
     return cuda, nccl

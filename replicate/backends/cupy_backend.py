@@ -24,6 +24,9 @@ Index arrays are bounds-checked (CuPy wraps an out-of-range index around, NumPy 
 host before they go up when they are batch leaves, else on the device (``cupy_index.py``); an
 integer to a negative integer power sets a flag on the device (NumPy raises, a kernel cannot);
 the flags of a call are read together, once, at its end.
+
+Opt-in (``rp.CompileOptions(cuda_graph=True)``, ``REPLICATE_CUDA_GRAPH=1``): a step without
+communication captured once as a CUDA graph and replayed (``cuda_graph.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import table
 from . import cuda_codegen, cuda_random
 from .base import Executable, profile_label, profiled_bytes
+from .cuda_graph import replayed
 from .cuda_launches import LAUNCHES
 from .cuda_ops import POW_MESSAGE, needs_flag
 from .cupy_comm import comm_fn
@@ -53,6 +57,7 @@ from .numpy_backend import kernels
 place()  # GPU (local rank % device count)
 
 name = "cupy"
+cuda_graph_replay = True  # ``lower(graph, cuda_graph=True)``: ``CompileOptions.cuda_graph``
 passes = ("const_fold", "cse", "dce", "bucketing", "fusion")  # CuPy's pool manages memory
 fusion_accepts = cuda_codegen.accepts  # only groups that become one generated kernel
 
@@ -234,7 +239,9 @@ def _views_of_inputs(graph, slot) -> set:
     return views
 
 
-def lower(graph):
+def lower(graph, cuda_graph=False):
+    """``cuda_graph``: replay the step as a CUDA graph where it can (``cuda_graph.py``; also
+    ``REPLICATE_CUDA_GRAPH=1``)."""
     cuda_codegen.refuse_bfloat16(graph)
     producer = {n.out.id: n for n in graph.nodes}
     slot = {x.id: i for i, x in enumerate(graph.inputs)}
@@ -258,12 +265,7 @@ def lower(graph):
     views = _views_of_inputs(graph, slot)
     outputs = [(slot[o.id], slot[o.id] in consts or slot[o.id] in views) for o in graph.outputs]
 
-    def run(inputs):
-        if len(inputs) != n_in:
-            raise ValueError(f"expected {n_in} inputs, got {len(inputs)}")
-        checks.before(inputs)
-        env = template.copy()
-        env[:n_in] = [DEVICE.to_device(x) for x in inputs]
+    def execute(env):  # every step, its values into ``env`` (the inputs' slots filled)
         profiler = profile.active()
         for fn, args, out, node in steps:
             label = profile_label(node) if profiler is not None else None
@@ -277,9 +279,25 @@ def lower(graph):
                 cupy.cuda.get_current_stream().synchronize()
                 profiler.add(label[0], label[1], start, profiler.now(), line=label[2],
                              **profiled_bytes(label[1], [env[a] for a in args]))
+        return env
+
+    def run(inputs):
+        if len(inputs) != n_in:
+            raise ValueError(f"expected {n_in} inputs, got {len(inputs)}")
+        checks.before(inputs)
+        env = template.copy()
+        env[:n_in] = [DEVICE.to_device(x) for x in inputs]
+        execute(env)
         checks.after()
         # a constant, or an input (or a view of one: a variable's buffer, written in place by
         # the next commit), leaves as a copy: what is kept for the next call is never the caller's
         return [env[o].copy() if const else env[o] for o, const in outputs]
 
+    def compute(buffers):  # the steps on device inputs, for a CUDA graph's capture
+        env = template.copy()
+        env[:n_in] = buffers
+        return execute(env)
+
+    run = replayed(cupy, graph, n_in, checks, DEVICE, compute, [o for o, _ in outputs], run,
+                   cuda_graph)
     return Executable(graph, run, kernels(graph), DEVICE, DEVICE.stage)

@@ -58,9 +58,10 @@ def weights_shape(q, k, *mask, scale, causal, masking):
     return AVal(shape, dtype)
 
 
-def causal_keep(length: int, source: int) -> np.ndarray:
-    """Query i attends keys j <= i (PyTorch's ``is_causal``, top-left aligned)."""
-    return np.arange(source)[None, :] <= np.arange(length)[:, None]
+def causal_keep(length: int, source: int, xp=np):
+    """Query i attends keys j <= i (PyTorch's ``is_causal``, top-left aligned); an ``xp``
+    array."""
+    return xp.arange(source)[None, :] <= xp.arange(length)[:, None]
 
 
 def weights_row(xp):
@@ -71,7 +72,8 @@ def weights_row(xp):
         s *= s.dtype.type(scale)
         if masking == "add":  # (the mask broadcasts to the scores: the shape rule says so)
             xp.add(s, mask[0], out=s, casting="unsafe")
-        keep = xp.asarray(causal_keep(s.shape[-2], s.shape[-1])) if causal else None
+        # (made by ``xp``: on a device, no copy up per call, none under a CUDA graph's capture)
+        keep = causal_keep(s.shape[-2], s.shape[-1], xp) if causal else None
         if masking == "keep":
             keep = mask[0] if keep is None else xp.logical_and(keep, mask[0])
         if keep is not None:
