@@ -82,6 +82,8 @@ def _no_host_arrays(values):
 def unwrap(x):
     if isinstance(x, ndarray):
         return x._a
+    if hasattr(x, "_fields"):  # a named tuple (numpy.linalg's results)
+        return type(x)(*(unwrap(v) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(unwrap(v) for v in x)
     if isinstance(x, dict):

@@ -27,6 +27,13 @@ def test_a_job_that_outlasts_the_run():
 '''
 
 
+def _ctrl_c_default():
+    """SIGINT as a terminal gives it (in the child, before exec). An ignored signal survives
+    exec, and a non-interactive shell starts its background commands (``pytest ... &``) with
+    SIGINT ignored: the inner run would then ignore the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["plain", "xdist"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_leaves_no_process_of_its_jobs(signum, workers, tmp_path):
@@ -42,7 +49,7 @@ def test_an_interrupted_run_leaves_no_process_of_its_jobs(signum, workers, tmp_p
     with exclusive():
         pytest_run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=_ctrl_c_default)
         try:
             deadline = time.monotonic() + 90
             while len(orphans(token)) < 3:  # mpiexec and its 2 ranks are running
