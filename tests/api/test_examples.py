@@ -4,8 +4,9 @@ full defaults under ``python -m replicate.launch -n 2`` against their targets (s
 The fast tests only use ``main(argv)`` and the documented command-line flags; the per-step outputs
 are observed by wrapping ``rp.Replicator.run`` (the public API every example trains with).
 
-The slow tests (about 100 s together on a 2-core machine) are marked ``slow``; they run by
-default, in CI too; ``pytest -m "not slow"`` leaves them out for a quick local run.
+The slow tests (about 80 s together on a 2-core machine) are marked ``slow``: ``pytest -n 2``
+leaves them out, ``pytest -n 2 -m slow`` runs them, and ``.ci/run`` runs both, so CI checks every
+documented target on every landing.
 """
 
 from __future__ import annotations

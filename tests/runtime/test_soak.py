@@ -6,9 +6,9 @@ The default suite runs short variants in one process and under ``mpiexec -n 2``:
 graph-mode steps, long enough for a leak of 2 KB per step to exceed 5 % (checked by hand with
 ``faults_soak.py --leak 2048``), and 1000-1500 eager steps (a leak of 4-6 KB per step).
 The full 10 000-step soak, two processes in graph mode (about 13 s), is marked ``slow`` like
-the examples' full runs in tests/api/test_examples.py: it runs by default; ``pytest -m "not
-slow"`` leaves it out. (Eager mode's took 21 s more of the suite's 2 cores, and its leaks are
-the short eager runs' to find: 4-6 KB a step.)
+the examples' full runs in tests/api/test_examples.py: ``pytest -n 2`` leaves it out and
+``pytest -n 2 -m slow`` runs it (``.ci/run`` runs both). (Eager mode's took 21 s more of the
+suite's 2 cores, and its leaks are the short eager runs' to find: 4-6 KB a step.)
 
 "Flat": the median of the samples in the last quarter of the run is within 5 % of the first
 sample taken after the warm-up (the first steps compile, allocate the memory plan and grow the
