@@ -121,7 +121,7 @@ def test_the_reductions_cross_the_links_bitwise(cluster):
 
 
 @needs_cluster
-@pytest.mark.parametrize("hosts", [2, 3])
+@pytest.mark.parametrize("hosts", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: 2nd tier
 def test_two_level_all_reduce_on_hosts_of_two(cluster, hosts):
     """2 and 3 hosts × 2 processes: the reductions take the two-level path (within each host,
     then one buffer per host, a middle host passing results back while partials still come in),

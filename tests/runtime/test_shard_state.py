@@ -120,7 +120,7 @@ def _oracle(tmp_path, n):
 
 @pytest.mark.mpi
 @needs_mpi
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: second tier
 def test_sharded_equals_unsharded(tmp_path, n):
     """Every configuration (AdamW, clipping, k = 2, accumulation, dynamic loss scaling,
     check_finite, bf16 autocast with master weights; buckets of every gradient, of about two

@@ -2,7 +2,8 @@
 
 Each case of tests/runtime/programs/startup_mpi.py runs under the launcher
 (``python -m replicate.launch -n N``) and under a plain ``mpiexec -n N python -m replicate``
-(the documented entry for other launchers), with 2 and 3 processes, with a hard timeout. A
+(the documented entry for other launchers), with 2 and 3 processes (the 3-process variants in
+the second tier: ``pytest -n 2 -m slow``, run by CI too), with a hard timeout. A
 failing case must end the whole job within ``EXIT_WITHIN`` seconds, non-zero, with a message
 naming the rank and what happened, and leave no process behind.
 """
@@ -32,7 +33,9 @@ from conftest import (
 
 PROGRAM = "startup_mpi.py"
 EXIT_WITHIN = 10.0  # seconds from start to the end of the job, the issue's bound
-STYLES = [pytest.param(launcher, n, id=f"{'launcher' if launcher else 'mpiexec'}-n{n}")
+# the 3-process variants are in the second tier (``slow``: ``pytest -n 2 -m slow``, and CI)
+STYLES = [pytest.param(launcher, n, id=f"{'launcher' if launcher else 'mpiexec'}-n{n}",
+                       marks=[pytest.mark.slow] if n == 3 else [])
           for launcher in (True, False) for n in (2, 3)]
 
 
@@ -148,7 +151,7 @@ def test_a_rank_that_exits_0_mid_run_fails_the_job(case, launcher, n):
     assert "finished 6 steps" not in text, text
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])
 @mpi
 def test_exit_0_below_python_is_caught_by_the_launcher(n):
     """``_exit(0)`` from C: no hook sees it; mpiexec ends the others and returns 0 (or, when it
