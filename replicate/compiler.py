@@ -60,8 +60,9 @@ class CompileOptions:
     bucket's communication as soon as its gradients exist and wait for it only where its result
     is needed (a communication thread carries it). ``disable``: names of passes to skip.
     ``cuda_graph``: the cupy backend captures a step without communication as a CUDA graph and
-    replays it (also ``REPLICATE_CUDA_GRAPH=1``; off by default, not yet verified on a GPU:
-    ``docs/guides/gpu.md``); other backends ignore it.
+    replays it (also ``REPLICATE_CUDA_GRAPH=1``; off by default, not yet verified on a GPU, and
+    a step that calls cuBLAS — a matmul — runs normally, since CuPy refuses library calls during
+    a capture: ``docs/guides/gpu.md``); other backends ignore it.
     """
 
     bucket_bytes: int = 25 * 2**20

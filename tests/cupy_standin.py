@@ -128,6 +128,8 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         _no_host_arrays(inputs)
+        if ufunc is np.matmul:  # ``a @ b``: cuBLAS
+            _G.refuse_library("matmul")
         out = kwargs.get("out")
         ins, kw = unwrap(inputs), unwrap(kwargs)
         if method == "__call__" and ufunc in (np.left_shift, np.right_shift):  # ``a << b``
@@ -353,6 +355,7 @@ def _checked(fn, name):
             except TypeError as e:
                 raise TypeError(f"cupy.{name}: {e} (the real CuPy's signature)") from None
         _no_host_arrays(args)
+        _G.refuse_library(name)
         a, kw = unwrap(args), unwrap(kwargs)
         if name in _MUTATORS:
             return _G.mutation([a[0]], lambda: fn(*a, **kw))

@@ -100,6 +100,22 @@ def refuse(what, stream=None):
     raise CUDARuntimeError(UNSUPPORTED, f"{what} during stream capture")
 
 
+# CuPy's own calls into CUDA's libraries refuse a capturing stream: ``cublas.setStream`` (and
+# cuRAND's, cuSOLVER's, cuSPARSE's) raise NotImplementedError while the stream captures
+# (``cupy_backends/cuda/libs/cublas.pyx``, CuPy 14 and 15.0.0a1; cupy/cupy#6290). The capture is
+# not invalidated: the Python call fails before anything is queued.
+LIBRARY_CALLS = frozenset(["matmul", "dot", "vdot", "inner", "tensordot", "einsum", "kron"])
+
+
+def refuse_library(name):
+    """``name`` calls cuBLAS or cuSOLVER: refused, as CuPy refuses it, while this thread
+    captures."""
+    if capturing() is not None and (name in LIBRARY_CALLS or name.startswith("linalg.")):
+        raise NotImplementedError(f"calling cuBLAS API during stream capture is currently "
+                                  f"unsupported (cupy.{name}; the CuPy stand-in refuses it as "
+                                  "CuPy does)")
+
+
 def refuse_unrecordable(what):
     cap = capturing()
     if cap is not None:

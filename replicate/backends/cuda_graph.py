@@ -5,7 +5,11 @@ GPU: ``rp.CompileOptions(cuda_graph=True)`` or ``REPLICATE_CUDA_GRAPH=1`` turn i
 ``REPLICATE_DEBUG=cuda_graph`` says when and why a step is not replayed.
 
 A step is eligible when none of its nodes communicates, runs on the host or has an effect (a
-host-staged exchange synchronises the host, NCCL's handles are per call). Then, per executable:
+host-staged exchange synchronises the host, NCCL's handles are per call). CuPy refuses its calls
+into cuBLAS (and cuRAND, cuSOLVER, cuSPARSE) while a stream captures (``NotImplementedError``
+from ``cublas.setStream``), so a step with a matmul, a contraction, a convolution or a ``linalg``
+row fails its capture and runs normally: only steps without library calls are replayed today
+(``docs/guides/gpu.md``). Then, per executable:
 
 1. the first call runs as always (the warm-up: every kernel compiled, cuBLAS's handle made);
 2. the second copies its inputs into buffers of the graph's own (made once, outside the
