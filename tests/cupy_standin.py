@@ -176,22 +176,22 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # reading a value on the host is a copy from the device in CuPy: counted as one
     def __bool__(self):
-        _G.refuse("bool() of a device value")
+        _G.refuse_copy("bool() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return bool(self._a)
 
     def __float__(self):
-        _G.refuse("float() of a device value")
+        _G.refuse_copy("float() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return float(self._a)
 
     def __int__(self):
-        _G.refuse("int() of a device value")
+        _G.refuse_copy("int() of a device value")
         TRANSFERS["to_host"] += self._a.nbytes
         return int(self._a)
 
     def __index__(self):
-        _G.refuse("a device value used as an index on the host")
+        _G.refuse_copy("a device value used as an index on the host")
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.__index__()
 
@@ -220,7 +220,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
         return f"standin_{self._a!r}"
 
     def get(self, stream=None):
-        _G.refuse("a copy to the host (get)")
+        _G.refuse_copy("a copy to the host (get)")
         TRANSFERS["to_host"] += self._a.nbytes
         return self._a.copy()
 
@@ -239,7 +239,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
             raise ValueError(f"Shape mismatch. Old shape: {self._a.shape}, new shape: {a.shape}")
         if a.dtype != self._a.dtype:
             raise TypeError(f"{a.dtype} array cannot be set to {self._a.dtype} array")
-        _G.refuse("a copy up from host memory (set)")
+        _G.refuse_copy("a copy up from host memory (set)")
         TRANSFERS["to_device"] += a.nbytes
         self._a[...] = a
 
@@ -247,7 +247,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
         if name.startswith("__"):  # no __array_interface__: NumPy must not see the data
             raise AttributeError(name)
         if name in ("item", "tolist", "tobytes"):  # copies to the host
-            _G.refuse(f"a copy to the host ({name})")
+            _G.refuse_copy(f"a copy to the host ({name})")
             TRANSFERS["to_host"] += self._a.nbytes
         attr = getattr(self._a, name)
         if name in _INPLACE_METHODS:
@@ -281,7 +281,7 @@ _INPLACE_METHODS = {"sort", "put", "partition", "resize", "itemset", "setfield",
 def asarray(x, dtype=None):
     if isinstance(x, ndarray):
         return x if dtype is None or x.dtype == dtype else x.astype(dtype)
-    _G.refuse("a copy up from host memory (asarray)")
+    _G.refuse_copy("a copy up from host memory (asarray)")
     a = np.array(x, dtype=dtype, copy=True)
     TRANSFERS["to_device"] += a.nbytes
     return ndarray(_memset_zeros(a) if a.ndim == 0 else a)  # CuPy fills a 0-d array

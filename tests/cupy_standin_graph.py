@@ -10,10 +10,11 @@ fails here first:
   made during the capture hold garbage (NaN, or the bytes 0xA5) when it ends, until a launch
   writes them; a write into an array made before the capture waits for a launch too. (Shapes
   come from running the operation once at capture, on the values then present.)
-* during a capture CUDA refuses what synchronises or crosses to the host: a copy to the host
-  (``get``, ``asnumpy``, ``bool()``/``int()``/``float()``, ``item``, ``tolist``), a copy up from
-  host memory (``asarray`` of a NumPy array, ``set``), ``synchronize`` of the stream, its events
-  or the device, and a query of the stream: each raises ``CUDARuntimeError``
+* during a capture CuPy refuses a copy to the host (``get``, ``asnumpy``, ``bool()``/``int()``/
+  ``float()``, ``item``, ``tolist``) and a copy up from host memory (``asarray`` of a NumPy
+  array, ``set``) before it calls CUDA: ``RuntimeError`` ("the current stream is capturing"), the
+  capture still valid; CUDA refuses ``synchronize`` of the stream, its events or the device, and
+  a query of the stream: each raises ``CUDARuntimeError``
   (``cudaErrorStreamCaptureUnsupported``) and invalidates the capture, whose ``end_capture`` then
   raises ``cudaErrorStreamCaptureInvalidated`` (ending it: the stream captures no more). Work of
   the capturing thread on another stream than the capturing one is refused too (on the legacy
@@ -98,6 +99,15 @@ def refuse(what, stream=None):
         return
     cap.invalid = cap.invalid or what
     raise CUDARuntimeError(UNSUPPORTED, f"{what} during stream capture")
+
+
+def refuse_copy(what):
+    """A copy between host and device memory through CuPy (``get``, ``set``, ``asarray`` of host
+    memory, ``bool()``...): CuPy's own ``RuntimeError`` while the calling thread captures, raised
+    before CUDA is called, so the capture stays valid (``cupy/cuda/memory.pyx``, CuPy 14)."""
+    if capturing() is not None:
+        raise RuntimeError("the current stream is capturing, so synchronous API calls are "
+                           f"disallowed (CuPy stand-in: {what})")
 
 
 # CuPy's own calls into CUDA's libraries refuse a capturing stream: ``cublas.setStream`` (and
@@ -332,5 +342,5 @@ class Graph:
 
 __all__ = ["CUDARuntimeError", "Graph", "MemoryPool", "begin_capture", "capturing",
            "end_capture", "get_allocator", "get_default_memory_pool", "is_capturing",
-           "mutation", "refuse", "refuse_unrecordable", "set_allocator", "using_allocator",
+           "mutation", "refuse", "refuse_copy", "refuse_unrecordable", "set_allocator", "using_allocator",
            "value_op"]
