@@ -57,6 +57,7 @@ import re
 import sys
 import types
 
+import cupy_standin_blas as _BLAS
 import cupy_standin_cuda as _CUDA
 import cupy_standin_graph as _G
 import numpy as np
@@ -197,7 +198,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):
 
     @property
     def data(self):  # CuPy's MemoryPointer: ``.ptr`` is the address (host memory here)
-        return types.SimpleNamespace(ptr=self._a.ctypes.data, device_id=_CUDA.STATE.device)
+        return types.SimpleNamespace(ptr=_BLAS.register(self._a), device_id=_CUDA.STATE.device)
 
     @property
     def device(self):
@@ -762,5 +763,7 @@ def install() -> bool:
         import cupy._core._reduction  # noqa: F401 - kept for the kernels' type checks
     sys.modules.update(_make_modules())
     _record_generate()
+    from replicate.backends import cuda_blas  # its libcublas: the stand-in's (host memory)
+    cuda_blas.open_library = _BLAS.open_library
     INSTALLED, ACTIVE = True, mode != "gpu-view"
     return True

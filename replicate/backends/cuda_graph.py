@@ -79,9 +79,11 @@ class GraphReplay:
     steps on device inputs ``buffers``, returning every value they made (the outputs at
     ``out_slots``); ``checks``: the executable's ``IndexChecks``."""
 
-    def __init__(self, cp, n_in, checks, device, compute, out_slots, normal):
+    def __init__(self, cp, n_in, checks, device, compute, out_slots, normal,
+                 before_capture=None):
         self.cp, self.n_in, self.checks, self.device = cp, n_in, checks, device
         self.compute, self.out_slots, self.normal = compute, out_slots, normal
+        self.before_capture = before_capture or (lambda stream: None)
         self.state = "warm-up"  # then "capture", "verify", "replay"; "off" for good
         self.graph = self.pool = self.stream = self.env = None
         self.buffers, self.outs, self.flags, self.on_host = [], [], [], None
@@ -131,6 +133,7 @@ class GraphReplay:
         failure, graph, env = None, None, None
         try:
             stream.wait_event(cp.cuda.get_current_stream().record())  # after the copies in
+            self.before_capture(stream)  # (cuBLAS's handle bound to the stream: cuda_blas.py)
             with cp.cuda.using_allocator(pool.malloc), stream:
                 stream.begin_capture()
                 try:
@@ -176,16 +179,17 @@ class GraphReplay:
         self.buffers, self.outs, self.flags = [], [], []
 
 
-def replayed(cp, graph, n_in, checks, device, compute, out_slots, normal, option):
+def replayed(cp, graph, n_in, checks, device, compute, out_slots, normal, option,
+             before_capture=None):
     """``normal``, or a ``GraphReplay`` of it where replay is asked for and ``graph`` is
-    eligible."""
+    eligible; ``before_capture(stream)`` runs before each capture, outside it."""
     if not requested(option):
         return normal
     why = ineligible(graph)
     if why is not None:
         note(f"not captured: {why}")
         return normal
-    return GraphReplay(cp, n_in, checks, device, compute, out_slots, normal)
+    return GraphReplay(cp, n_in, checks, device, compute, out_slots, normal, before_capture)
 
 
 __all__ = ["ENV", "GraphReplay", "ineligible", "replayed", "requested"]

@@ -3,9 +3,10 @@
 * each ``fused`` node is one kernel: ``cuda_codegen.generate`` writes its source, compiled once
   per (structure, dtypes) into a ``cupy.ElementwiseKernel`` or ``cupy.ReductionKernel`` and
   cached (CuPy caches the binary per shape and device); ``REPLICATE_DEBUG=cuda`` prints it;
-* ``matmul``/``einsum`` call cuBLAS through ``cupy.matmul``/``cupy.einsum``; so do the
-  convolution primitives, whose reference rows (``graph/conv.py``: im2col through a strided view,
-  one batched GEMM, col2im by strided adds) run here on device arrays, float16 in float32;
+* ``matmul`` calls cuBLAS directly (``cuda_blas.py``: its strided-batched GEMMs on a handle of
+  our own, which a CUDA graph can capture), as do the convolution primitives, whose reference
+  rows (``graph/conv.py``: im2col through a strided view, one batched GEMM, col2im by strided
+  adds) run here on device arrays, float16 in float32; ``einsum`` calls ``cupy.einsum``;
 * random bits are a generated kernel of the reference's hash (``cuda_random.py``): the same bits
   as NumPy, made on the device;
 * other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
@@ -43,7 +44,7 @@ from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import table
-from . import cuda_codegen, cuda_random
+from . import cuda_blas, cuda_codegen, cuda_random
 from .base import Executable, profile_label, profiled_bytes
 from .cuda_graph import replayed
 from .cuda_launches import LAUNCHES
@@ -193,15 +194,27 @@ def _top_k(x, k):  # as the reference: a stable sort of the reversed axis, read 
     return cupy.flip(x.shape[-1] - 1 - order, -1)[..., :k]
 
 
+class _BlasCupy:
+    """``cupy`` with its products on cuBLAS directly (``cuda_blas.py``): the rows' ``xp``."""
+
+    def __getattr__(self, name):
+        return getattr(cupy, name)
+
+    @staticmethod
+    def matmul(a, b, out=None):
+        return cuda_blas.matmul(cupy, a, b, out=out)
+
+
 # every reference row with cupy as its array module; float16 operands in float32 (as IMPL)
-_ROWS = table(cupy, "cupy", {
-    **{name: _widened(row(cupy)) for name, row in CONV_ROWS.items()},
+_XP = _BlasCupy()
+_ROWS = table(_XP, "cupy", {
+    **{name: _widened(row(_XP)) for name, row in CONV_ROWS.items()},
     "logistic": _logistic, "erf": lambda x: cupyx.scipy.special.erf(x), "mod": _remainder,
     "left_shift": _shift(True), "right_shift": _shift(False),
     "top_k_indices": _top_k,  # CuPy's sorts are stable (kind=None), with no ``stable=``
     "sort": lambda x, axis: cupy.sort(x, axis=axis),
     "argsort": lambda x, axis: cupy.argsort(x, axis=axis),
-    "matmul": lambda a, b: cupy.matmul(a, b),
+    "matmul": lambda a, b: cuda_blas.matmul(cupy, a, b),
     "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,
     "scatter_add": _scatter_add,
@@ -265,7 +278,7 @@ def lower(graph, cuda_graph=False):
     views = _views_of_inputs(graph, slot)
     outputs = [(slot[o.id], slot[o.id] in consts or slot[o.id] in views) for o in graph.outputs]
 
-    def execute(env):  # every step, its values into ``env`` (the inputs' slots filled)
+    def execute(env, capturing=False):  # every step, its values into ``env`` (inputs filled)
         profiler = profile.active()
         for fn, args, out, node in steps:
             label = profile_label(node) if profiler is not None else None
@@ -273,7 +286,8 @@ def lower(graph, cuda_graph=False):
             try:
                 env[out] = fn(*[env[a] for a in args])
             except Exception as e:  # name the op and the user's line that made it
-                note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
+                if not capturing:  # (a capture cannot read its operands: it fails as it is)
+                    note_failure(e, node, [DEVICE.to_host(env[a]) for a in args])
                 raise
             if label is not None:  # (synchronised: the kernel's own time, not its launch's)
                 cupy.cuda.get_current_stream().synchronize()
@@ -296,8 +310,8 @@ def lower(graph, cuda_graph=False):
     def compute(buffers):  # the steps on device inputs, for a CUDA graph's capture
         env = template.copy()
         env[:n_in] = buffers
-        return execute(env)
+        return execute(env, capturing=True)
 
     run = replayed(cupy, graph, n_in, checks, DEVICE, compute, [o for o, _ in outputs], run,
-                   cuda_graph)
+                   cuda_graph, before_capture=lambda stream: cuda_blas.bind(cupy, stream))
     return Executable(graph, run, kernels(graph), DEVICE, DEVICE.stage)
