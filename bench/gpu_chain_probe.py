@@ -65,9 +65,9 @@ def main() -> None:
     kern(grid, block, (x, y, cp.int64(N // 4)))
     fast_err = float(cp.abs(y - ref).max())
     try:
-        import replicate as rp
-
         from fusion import chain_rnp
+
+        import replicate as rp
         f = rp.function(chain_rnp, backend="cupy")
         rows.append(("replicate cupy (rp.function)", timed(lambda: f(x))))
     except Exception as e:  # noqa: BLE001 - the probe's other rows still say something

@@ -31,7 +31,8 @@ def library_path() -> str:
 
 def main() -> None:
     try:
-        print("cupy", cupy.__version__, "cuBLAS", cb.getVersion(cupy.cuda.device.get_cublas_handle()))
+        handle = cupy.cuda.device.get_cublas_handle()
+        print("cupy", cupy.__version__, "cuBLAS", cb.getVersion(handle))
     except Exception as e:  # noqa: BLE001
         print("cupy", cupy.__version__, "cuBLAS version unknown:", e)
     path = library_path()

@@ -342,5 +342,5 @@ class Graph:
 
 __all__ = ["CUDARuntimeError", "Graph", "MemoryPool", "begin_capture", "capturing",
            "end_capture", "get_allocator", "get_default_memory_pool", "is_capturing",
-           "mutation", "refuse", "refuse_copy", "refuse_unrecordable", "set_allocator", "using_allocator",
-           "value_op"]
+           "mutation", "refuse", "refuse_copy", "refuse_unrecordable", "set_allocator",
+           "using_allocator", "value_op"]

@@ -192,7 +192,8 @@ def matmul(cp, a, b, out=None):
         cp.copyto(out, result)
         return out
     count = math.prod(batch)
-    if vb.ndim == 2 and va.ndim > 2 and _layout(va) == (_N, k) and _batch_stride(va, batch) == m * k:
+    if (vb.ndim == 2 and va.ndim > 2 and _layout(va) == (_N, k)
+            and _batch_stride(va, batch) == m * k):
         va, count, m = va.reshape(count * m, k), 1, count * m  # one GEMM of every row
     va, opa, lda, sa = _operand(cp, va, batch if va.ndim > 2 else ())
     vb, opb, ldb, sb = _operand(cp, vb, batch if vb.ndim > 2 else ())

@@ -147,7 +147,7 @@ def test_a_product_is_captured_and_replayed_on_new_values(cp):
     assert blas.matmul(cp, a, b).shape == (8, 8)  # (back on the current stream)
 
 
-# -- the stand-in's cuBLAS is at least as strict as libcublas ---------------------------------------
+# -- the stand-in's cuBLAS is at least as strict as libcublas ----------------------------------
 def _standin():
     if not cupy_standin.ACTIVE:
         pytest.skip("a GPU is here: these check the CuPy stand-in's cuBLAS, not libcublas")
