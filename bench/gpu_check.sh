@@ -9,10 +9,10 @@
 # 0. environment (bench/gpu_env.sh): a venv that sees the machine's packages (CuPy, JAX,
 #    PyTorch, pytest) plus the carried wheels (mpich: mpiexec beside the interpreter; mpi4py);
 # 1. versions: driver, CUDA runtime, CuPy, NVRTC, NCCL, JAX and its devices, PyTorch, MPI;
-# 2. the parity suites (pytest -n 8): the cupy tests (every generated kernel, the products on
-#    cuBLAS, CUDA-graph replay, the model steps' kernels, scatter-add, device state, the bytes a
-#    step moves), the op harness and the float16 harness on cupy and jax against NumPy, whole
-#    steps, 2 ranks sharing the GPU (host-staged);
+# 2. the parity suites (pytest -n 8): the cupy tests (every generated kernel, raw ones too, the
+#    products on cuBLAS, CUDA-graph replay, the model steps' kernels, scatter-add, device state,
+#    the bytes a step moves), the op harness and the float16 harness on cupy and jax against
+#    NumPy, whole steps, 2 ranks sharing the GPU (host-staged);
 # 3. the oracle: k = 1, 2, 4 replicas in one process, cupy and jax against numpy;
 # 4. NCCL: a 1-rank communicator through the library's NCCL transport;
 # 5. NCCL: 2 ranks on the one GPU (refused clearly; host-staged automatically; NCCL's own init
@@ -34,12 +34,12 @@ mkdir -p "$OUTDIR"
 REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
 WORKERS=${GPU_CHECK_WORKERS:-8}
 SELECT=${GPU_CHECK_SELECT:-"cupy or jax or test_cupy_kernels or test_cupy_scatter or \
-test_device_state or test_cuda_codegen or test_cupy_graph or test_cuda_blas"}
+test_device_state or test_cuda_codegen or test_cupy_graph or test_cuda_blas or test_cuda_raw"}
 ORACLE=${GPU_CHECK_ORACLE:-"1 2 4"}
 STEPS=${GPU_CHECK_STEPS:-"versions parity oracle nccl-one nccl-shared"}
 TESTS=${GPU_CHECK_TESTS:-"tests/backends/test_cupy_kernels.py tests/backends/test_cupy_scatter.py \
 tests/backends/test_cupy_graph.py tests/backends/test_cuda_blas.py \
-tests/backends/test_cuda_codegen.py tests/backends/test_device_state.py \
+tests/backends/test_cuda_raw.py tests/backends/test_cuda_codegen.py tests/backends/test_device_state.py \
 tests/backends/test_backend_parity.py tests/backends/test_jax_backend.py \
 tests/api/test_ops_low_precision.py tests/graph/test_step_errors.py tests/api/test_interop.py"}
 SUMMARY=$OUTDIR/summary.txt

@@ -60,6 +60,7 @@ import types
 import cupy_standin_blas as _BLAS
 import cupy_standin_cuda as _CUDA
 import cupy_standin_graph as _G
+import cupy_standin_raw as _RAW
 import numpy as np
 
 from replicate.backends.cuda_codegen import CTYPE, KernelSpec, split_reduction
@@ -684,6 +685,7 @@ def _make_modules() -> dict:
     cp.__version__ = "standin"
     cp.ndarray, cp.asarray, cp.asnumpy = ndarray, asarray, asnumpy
     cp.ElementwiseKernel, cp.ReductionKernel = ElementwiseKernel, ReductionKernel
+    cp.RawKernel = _RAW.RawKernel
     cp.STANDIN = True
     cp.get_default_memory_pool = _G.get_default_memory_pool
     # CuPy's sorts are stable whatever ``kind`` says (NumPy's default quicksort is not)
@@ -763,6 +765,7 @@ def install() -> bool:
         import cupy._core._reduction  # noqa: F401 - kept for the kernels' type checks
     sys.modules.update(_make_modules())
     _record_generate()
+    _RAW.record()
     from replicate.backends import cuda_blas  # its libcublas: the stand-in's (host memory)
     cuda_blas.open_library = _BLAS.open_library
     INSTALLED, ACTIVE = True, mode != "gpu-view"

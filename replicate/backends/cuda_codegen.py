@@ -42,11 +42,8 @@ import numpy as np
 from ..dtypes import bfloat16
 from ..errors import DTypeError
 from ..graph.primitives import REGISTRY
-from .cuda_ops import CUDA, ERR, ERR_PARAM, PREAMBLE, max_expr, min_expr, needs_flag
-
-CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
-         "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
-         "bool": "bool"}
+from .cuda_ops import CTYPE, CUDA, ERR, ERR_PARAM, PREAMBLE, ctype, max_expr, min_expr, needs_flag
+from .cuda_raw import FULL, HOST_HEADERS, raw_source
 
 REDUCE = {  # prim -> (reduce_expr, identity(dtype of the accumulator))
     "reduce_sum": ("a + b", lambda d: "0"),
@@ -73,13 +70,6 @@ def _int_limit(dtype, which):
         return f"(({ctype(dtype)}){info.max})"
     # the most negative value is written as (-max - 1): its literal alone does not fit the type
     return f"(({ctype(dtype)})({info.min + 1}) - 1)" if info.min < 0 else f"(({ctype(dtype)})0)"
-
-
-def ctype(dtype) -> str:
-    name = np.dtype(dtype).name
-    if name not in CTYPE:
-        raise NotImplementedError(f"no CUDA type for {name}")
-    return CTYPE[name]
 
 
 def dtype_name(dtype) -> str:
@@ -319,9 +309,16 @@ def generate(node, consts: dict, name: str) -> KernelSpec:
 
 def standalone_source(spec: KernelSpec) -> str:
     """A complete CUDA translation unit for ``spec`` (contiguous inputs of the output's size, or
-    scalars), for compiling with ``nvcc`` and for reading; the CuPy backend itself hands the
-    pieces to ``ElementwiseKernel``/``ReductionKernel``, which add broadcasting and indexing.
-    (float16 kernels need CuPy's headers: they are compiled through CuPy in the tests.)"""
+    scalars), for compiling with ``nvcc`` and for reading: an elementwise group's is the raw
+    kernel the CuPy backend launches for contiguous operands (``cuda_raw.py``); otherwise the
+    backend hands the pieces to ``ElementwiseKernel``/``ReductionKernel``, which add
+    broadcasting and indexing. (float16 kernels need CuPy's headers: they are compiled through
+    CuPy in the tests.)"""
+    if spec.kind == "elementwise":
+        n_params = sum(1 for p in spec.in_params.split(",")
+                       if p.strip() and not p.strip().startswith("raw "))
+        return raw_source(spec, [(FULL,)] * n_params, 0, head=HOST_HEADERS, name=spec.name)
+
     def c_param(p):
         dtype, name = p.rsplit(" ", 1)
         return ctype(dtype), name
@@ -331,14 +328,8 @@ def standalone_source(spec: KernelSpec) -> str:
     ptrs = [f"const {t}* __restrict__ {n}_p" for t, n in params] + \
         [f"int* {ERR_PARAM}"] * spec.flag  # the error flag: a pointer, read as err_flag[0]
     loads = [f"    const {t} {n} = {n}_p[i];" for t, n in params]
-    head = "#include <cmath>\n#include <math_constants.h>\n"
+    head = HOST_HEADERS
     sig = ", ".join(ptrs + [f"{out_t}* __restrict__ {out_name}_p", "long long n"])
-    if spec.kind == "elementwise":
-        body = "\n".join("    " + line for line in spec.operation.splitlines())
-        return (f"{head}{spec.preamble}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
-                f"  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;"
-                f" i += (long long)blockDim.x * gridDim.x) {{\n" + "\n".join(loads) +
-                f"\n    {out_t} {out_name};\n{body}\n    {out_name}_p[i] = {out_name};\n  }}\n}}\n")
     # reduction over everything, one thread: enough to check that the pieces compile together
     red_t = spec.reduce_type
     return (f"{head}{spec.preamble}\nextern \"C\" __global__ void {spec.name}({sig}) {{\n"
@@ -360,3 +351,7 @@ def refuse_bfloat16(graph) -> None:
                 f"{x.aval} in this step; use float16 (rp.autocast('float16')), or the JAX "
                 "backend (backend='jax') for bfloat16")
 
+
+__all__ = ["CTYPE", "CUDA", "REDUCE", "KernelSpec", "accepts", "cast_operand", "ctype", "dtype_name",
+           "generate", "kernel_args", "literal", "refuse_bfloat16", "split_reduction",
+           "standalone_source"]

@@ -100,6 +100,11 @@ class LaunchLog:
         ndims = tuple(a.ndim if raw else out_ndim for a, raw in zip(args, raws))
         self._add(("elementwise", spec.key, dtypes, ndims), spec)
 
+    def raw(self, spec, source):
+        """A launch of ``spec`` as the raw kernel ``source`` (``cuda_raw.py``)."""
+        if self._open:
+            self._add(("raw", spec.key, source), spec)
+
     def reduction(self, spec, args, axes):
         """A launch of ``spec`` (a reduction kernel) with ``args`` over ``axes`` (None: all)."""
         if not self._open:

@@ -11,11 +11,25 @@ negative integer divided by -1 wraps), the helpers give NumPy's value, not the h
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..graph.primitives import REGISTRY, RuleTable
 
 ERR = "_err"             # the C name of the flag pointer inside a kernel's code
 ERR_PARAM = "err_flag"   # the kernel's ``raw int32`` parameter it points into
 POW_MESSAGE = "Integers to negative integer powers are not allowed."  # NumPy's
+
+CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int8": "signed char",
+         "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
+         "bool": "bool"}
+
+
+def ctype(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in CTYPE:
+        raise NotImplementedError(f"no CUDA type for {name}")
+    return CTYPE[name]
+
 
 PREAMBLE = """
 template <typename T> __device__ T _ipow(T a, T b, int* err) {
@@ -117,5 +131,5 @@ CUDA.update({  # expressions that depend on the type
     "floor_divide": lambda a, b, t, **_: f"_ffloordiv({a}, {b})",
 })
 
-__all__ = ["CUDA", "ERR", "ERR_PARAM", "POW_MESSAGE", "PREAMBLE", "max_expr", "min_expr",
-           "needs_flag"]
+__all__ = ["CTYPE", "CUDA", "ERR", "ERR_PARAM", "POW_MESSAGE", "PREAMBLE", "ctype", "max_expr",
+           "min_expr", "needs_flag"]

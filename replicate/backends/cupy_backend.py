@@ -2,7 +2,10 @@
 
 * each ``fused`` node is one kernel: ``cuda_codegen.generate`` writes its source, compiled once
   per (structure, dtypes) into a ``cupy.ElementwiseKernel`` or ``cupy.ReductionKernel`` and
-  cached (CuPy caches the binary per shape and device); ``REPLICATE_DEBUG=cuda`` prints it;
+  cached (CuPy caches the binary per shape and device); a map-only group whose operands are
+  C-ordered and broadcast as one block each runs as a raw grid-stride kernel instead
+  (``cuda_raw.py``: CuPy's indexing costs half the bandwidth); ``REPLICATE_DEBUG=cuda`` prints
+  them;
 * ``matmul`` calls cuBLAS directly (``cuda_blas.py``: its strided-batched GEMMs on a handle of
   our own, which a CUDA graph can capture), as do the convolution primitives, whose reference
   rows (``graph/conv.py``: im2col through a strided view, one batched GEMM, col2im by strided
@@ -44,7 +47,7 @@ from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
 from ..graph.reference import table
-from . import cuda_blas, cuda_codegen, cuda_random
+from . import cuda_blas, cuda_codegen, cuda_random, cuda_raw
 from .base import Executable, profile_label, profiled_bytes
 from .cuda_graph import replayed
 from .cuda_launches import LAUNCHES
@@ -75,6 +78,18 @@ def _compile(spec):
     return kernel
 
 
+def _compile_raw(spec, how, n):
+    """The raw kernel of elementwise ``spec`` for operands read as ``how`` (``cuda_raw.py``)."""
+    key = (spec.key, how, cuda_raw.wide(n))
+    entry = _KERNELS.get(key)
+    if entry is None:
+        source = cuda_raw.raw_source(spec, how, n)
+        if debug_enabled("cuda"):
+            print(f"// {spec.name}_raw\n{source}", flush=True)
+        entry = _KERNELS[key] = (cupy.RawKernel(source, f"{spec.name}_raw"), source)
+    return entry
+
+
 def _pow_error():
     return ValueError(POW_MESSAGE)
 
@@ -97,9 +112,24 @@ def _fused_fn(node, consts, index, checks):
         return [err]
 
     if spec.kind == "elementwise":
+        layouts: dict = {}  # the operands' (shape, strides) -> how the raw kernel reads them
+        size = int(np.prod(shape))
+
         def run(*xs):
             out = cupy.empty(shape, dtype)
-            args = [*(xs[i] for i in spec.params), *(flag() if spec.flag else ()), out]
+            ins = [xs[i] for i in spec.params]
+            key = tuple((x.shape, x.strides) for x in ins)
+            how = layouts.get(key, False)
+            if how is False:
+                how = layouts[key] = cuda_raw.modes(ins, shape) if size else None
+            if how is not None:  # read linearly: the raw kernel
+                raw, source = _compile_raw(spec, how, size)
+                LAUNCHES.raw(spec, source)
+                blocks, threads = cuda_raw.grid(size)
+                raw(blocks, threads, (*ins, *(flag() if spec.flag else ()), out,
+                                      *cuda_raw.args(how, size, np)))
+                return out
+            args = [*ins, *(flag() if spec.flag else ()), out]
             LAUNCHES.elementwise(spec, args)
             kernel(*args)
             return out

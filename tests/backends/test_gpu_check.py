@@ -20,7 +20,7 @@ from conftest import ROOT, child_env, have_mpi, run
 
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
 CUPY_MODULES = ("test_cupy_kernels or test_cupy_scatter or test_device_state or test_cuda_codegen "
-                "or test_cupy_graph or test_cuda_blas")
+                "or test_cupy_graph or test_cuda_blas or test_cuda_raw")
 STEPS = ("versions", "parity suites", "oracle", "NCCL: a 1-rank communicator",
          "NCCL: 2 ranks on one GPU")
 
