@@ -213,4 +213,43 @@ def matmul(cp, a, b, out=None):
     return out
 
 
-__all__ = ["GEMMS", "CublasError", "WORKSPACE", "available", "bind", "matmul", "open_library"]
+def einsum(cp, subscripts: str, *xs):
+    """``cupy.einsum(subscripts, *xs)``; a two-operand contraction as one ``matmul`` here: the
+    operands' axes ordered (batch, free, contracted) and (batch, contracted, free) — transposed
+    views, which ``matmul`` passes to cuBLAS with the transposed op or copies — an axis that only
+    one operand has and the result lacks summed first, the product's axes put in the result's
+    order. (Another summation order than ``cupy.einsum``'s: the same values within rounding.)"""
+    lhs, out = subscripts.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    if len(xs) != 2 or len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+        return cp.einsum(subscripts, *xs)
+    (ta, tb), (a, b) = terms, xs
+    if a.dtype != b.dtype or a.dtype not in _GEMM:
+        return cp.einsum(subscripts, *xs)
+    a, ta = _sum_alone(a, ta, tb + out)
+    b, tb = _sum_alone(b, tb, ta + out)
+    batch = [c for c in ta if c in tb and c in out]
+    summed = [c for c in ta if c in tb and c not in out]
+    free_a = [c for c in ta if c not in tb]
+    free_b = [c for c in tb if c not in ta]
+    size = dict(zip(ta, a.shape)) | dict(zip(tb, b.shape))
+    a2 = a.transpose([ta.index(c) for c in batch + free_a + summed])
+    b2 = b.transpose([tb.index(c) for c in batch + summed + free_b])
+    dims = [math.prod(size[c] for c in group) for group in (batch, free_a, summed, free_b)]
+    a2 = a2.reshape(dims[0], dims[1], dims[2])
+    b2 = b2.reshape(dims[0], dims[2], dims[3])
+    product = matmul(cp, a2, b2).reshape([size[c] for c in batch + free_a + free_b])
+    order = batch + free_a + free_b
+    return product.transpose([order.index(c) for c in out])
+
+
+def _sum_alone(x, term, others):
+    """``x`` summed over the axes whose letter no other term (nor the result) has."""
+    alone = tuple(k for k, c in enumerate(term) if c not in others)
+    if not alone:
+        return x, term
+    return x.sum(axis=alone), "".join(c for c in term if c in others)
+
+
+__all__ = ["GEMMS", "CublasError", "WORKSPACE", "available", "bind", "einsum", "matmul",
+           "open_library"]

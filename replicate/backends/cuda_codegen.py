@@ -352,6 +352,6 @@ def refuse_bfloat16(graph) -> None:
                 "backend (backend='jax') for bfloat16")
 
 
-__all__ = ["CTYPE", "CUDA", "REDUCE", "KernelSpec", "accepts", "cast_operand", "ctype", "dtype_name",
-           "generate", "kernel_args", "literal", "refuse_bfloat16", "split_reduction",
-           "standalone_source"]
+__all__ = ["CTYPE", "CUDA", "REDUCE", "KernelSpec", "accepts", "cast_operand", "ctype",
+           "dtype_name", "generate", "kernel_args", "literal", "refuse_bfloat16",
+           "split_reduction", "standalone_source"]

@@ -10,8 +10,8 @@ A step is eligible when none of its nodes communicates, runs on the host or has 
 host-staged exchange synchronises the host, NCCL's handles are per call). Its products are
 captured because the backend calls cuBLAS directly (``cuda_blas.py``; CuPy's own wrappers refuse
 a capturing stream); ``before_capture(stream)`` binds that handle to the capturing stream first.
-A step with an ``einsum`` contraction or a ``linalg`` row (``cupy.einsum``, cuSOLVER) fails its
-capture and runs normally. Then, per executable:
+A step with an ``einsum`` of three or more operands or a ``linalg`` row (``cupy.einsum``,
+cuSOLVER) fails its capture and runs normally. Then, per executable:
 
 1. the first call runs as always (the warm-up: every kernel compiled, cuBLAS's handle made);
 2. the second copies its inputs into buffers of the graph's own (made once, outside the

@@ -9,7 +9,8 @@
 * ``matmul`` calls cuBLAS directly (``cuda_blas.py``: its strided-batched GEMMs on a handle of
   our own, which a CUDA graph can capture), as do the convolution primitives, whose reference
   rows (``graph/conv.py``: im2col through a strided view, one batched GEMM, col2im by strided
-  adds) run here on device arrays, float16 in float32; ``einsum`` calls ``cupy.einsum``;
+  adds) run here on device arrays, float16 in float32; so does a two-operand ``einsum``
+  (as one ``matmul``), other ``einsum`` calls ``cupy.einsum``;
 * random bits are a generated kernel of the reference's hash (``cuda_random.py``): the same bits
   as NumPy, made on the device;
 * other ops run the reference rows (``graph/reference.py``) built with ``cupy`` as their array
@@ -245,7 +246,7 @@ _ROWS = table(_XP, "cupy", {
     "sort": lambda x, axis: cupy.sort(x, axis=axis),
     "argsort": lambda x, axis: cupy.argsort(x, axis=axis),
     "matmul": lambda a, b: cuda_blas.matmul(cupy, a, b),
-    "einsum": lambda *xs, subscripts: cupy.einsum(subscripts, *xs),
+    "einsum": lambda *xs, subscripts: cuda_blas.einsum(cupy, subscripts, *xs),
     "random_bits": _random_bits, "random_uniform": _random_uniform,
     "scatter_add": _scatter_add,
     "const": lambda value: upload(value),  # a -0.0 kept (``cupy_device.upload``)

@@ -1,7 +1,8 @@
 """The cupy backend's products on cuBLAS directly (``replicate/backends/cuda_blas.py``, issue 31):
 every layout a step makes (transposed views, batches that broadcast, vectors, strided and
-reversed operands, ``out=``) against NumPy, the road each product took (``cuda_blas.GEMMS``, the
-backend's own record), and a product captured in a CUDA graph and replayed on new values.
+reversed operands, ``out=``) and two-operand ``einsum`` contractions against NumPy, the road
+each product took (``cuda_blas.GEMMS``, the backend's own record), and a product captured in a
+CUDA graph and replayed on new values.
 
 Without a GPU these run on the CuPy stand-in, whose cuBLAS (``tests/cupy_standin_blas.py``)
 computes from the raw pointers, leading dimensions and strides the backend passes, and refuses
@@ -124,6 +125,42 @@ def test_integers_and_empty_products_go_to_cupy(cp):
 def test_a_core_dimension_mismatch_is_numpys_error(cp):
     with pytest.raises(ValueError, match="mismatch in its core dimension"):
         _blas().matmul(cp, cp.zeros((3, 4), cp.float32), cp.zeros((5, 2), cp.float32))
+
+
+EINSUMS = [
+    ("ij,jk->ik", (5, 3), (3, 4)),
+    ("ij,kj->ik", (5, 3), (4, 3)),
+    ("bij,bjk->bik", (2, 5, 3), (2, 3, 4)),
+    ("bhqd,bhkd->bhqk", (2, 3, 5, 4), (2, 3, 6, 4)),   # attention scores
+    ("bhqk,bhkd->bqhd", (2, 3, 5, 6), (2, 3, 6, 4)),   # the result's axes reordered
+    ("i,i->", (7,), (7,)),
+    ("i,j->ij", (3,), (4,)),                            # an outer product: nothing contracted
+    ("ijk,ik->j", (3, 4, 5), (3, 5)),
+    ("ij,jk->k", (5, 3), (3, 4)),                      # "i" only in the first: summed first
+    ("abc,cd->abd", (2, 3, 4), (4, 5)),
+    ("ji,jk->ki", (3, 5), (3, 4)),
+]
+
+
+@pytest.mark.parametrize("subscripts,sa,sb", EINSUMS, ids=[e[0] for e in EINSUMS])
+def test_two_operand_einsums_are_one_product(cp, subscripts, sa, sb):
+    blas = _blas()
+    a, b = _r(*sa, dtype=np.float64), _r(*sb, dtype=np.float64)
+    before = dict(blas.GEMMS)
+    got = blas.einsum(cp, subscripts, cp.asarray(a), cp.asarray(b))
+    want = np.einsum(subscripts, a, b)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-12, atol=1e-12)
+    assert blas.GEMMS["direct"] == before["direct"] + 1 and blas.GEMMS["cupy"] == before["cupy"]
+
+
+def test_other_einsums_go_to_cupy(cp):
+    blas = _blas()
+    a, b, c = _r(3, 4), _r(4, 5), _r(5, 2)
+    got = blas.einsum(cp, "ij,jk,kl->il", *(cp.asarray(v) for v in (a, b, c)))
+    np.testing.assert_allclose(cp.asnumpy(got), a @ b @ c, rtol=1e-5, atol=1e-5)
+    got = blas.einsum(cp, "ij->j", cp.asarray(a))
+    np.testing.assert_allclose(cp.asnumpy(got), a.sum(0), rtol=1e-6)
 
 
 def test_a_product_is_captured_and_replayed_on_new_values(cp):

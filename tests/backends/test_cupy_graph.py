@@ -60,8 +60,8 @@ class _Params:
 
 
 def _no_library(options):
-    """A step with no call into CUDA's libraries (no matmul: CuPy refuses cuBLAS under capture):
-    elementwise layers, a label gather, reductions and Adam — what a CUDA graph replays today."""
+    """A step with no call into CUDA's libraries: elementwise layers, a label gather,
+    reductions and Adam."""
     w = rp.Variable(np.zeros(16, np.float32), name="w")
     b = rp.Variable(np.zeros(4, np.float32), name="b")
     model = _Params(w=w, b=b)
@@ -75,6 +75,26 @@ def _no_library(options):
         return loss
 
     rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
+               for _ in range(STEPS)]
+    return rp.function(step, backend="cupy", options=options), model, batches
+
+
+def _einsum(options):
+    """A layer written as ``rnp.einsum`` (its gradient is einsums too): one cuBLAS product
+    each (``cuda_blas.einsum``), so the step is captured."""
+    w = rp.Variable(np.zeros((16, 4), np.float32), name="w")
+    model = _Params(w=w)
+    _seeded(model.parameters(), 6)
+    opt = rp.optim.SGD([w], lr=1e-1)
+
+    def step(x, y):
+        logits = rnp.einsum("bi,io->bo", rnp.tanh(x), w)
+        loss = rp.nn.softmax_cross_entropy(logits, y).mean()
+        opt.apply(rp.grad(loss, [w]))
+        return loss
+
+    rng = np.random.default_rng(7)
     batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
                for _ in range(STEPS)]
     return rp.function(step, backend="cupy", options=options), model, batches
@@ -120,8 +140,8 @@ def _same_bits(a, b):
 # a step with matmuls: replayed too, its GEMMs called on cuBLAS directly (cuda_blas.py; CuPy's
 # own wrappers refuse a capturing stream)
 @pytest.mark.parametrize("build,state", [(_no_library, "replay"), (_mlp, "replay"),
-                                         (_gpt, "replay")],
-                         ids=["no-library", "mlp", "gpt"])
+                                         (_einsum, "replay"), (_gpt, "replay")],
+                         ids=["no-library", "mlp", "einsum", "gpt"])
 @pytest.mark.parametrize("device_inputs", [False, True], ids=["host-batch", "device-batch"])
 def test_replayed_steps_give_the_bits_of_normal_steps(build, state, device_inputs):
     off, off_params, exe_off = _train(build, False, device_inputs)
