@@ -10,11 +10,13 @@ and at least as strict:
   pointer, of the pointer's element type (CuPy passes only the address: another dtype would be
   read as garbage), and a NumPy scalar of exactly the parameter's C type for each integer (a
   Python ``int`` or another width would shift every argument after it);
-* memory is read and written through the addresses, as the kernel's loads are written: operand
-  ``k`` at ``in{k}_p[i]``, ``[0]``, ``[(i / r) % m]`` for every ``i < n``, the output at
-  ``out0_p[i]`` — so a transposed or strided view passed as a pointer gives the wrong elements,
-  as on a GPU, and an extent beyond a live device array is the GPU's illegal address
-  (``RuntimeError``) — the grid-stride loop covering every ``i`` whatever the grid;
+* memory is read and written through the addresses, by the index each load of the source
+  writes (``in0_p[i]``, ``[0]``, ``[i % m0]``, ``[i / r0]``, ``[(i / r0) % m0]``: read from
+  the source, with the sizes the call passes) for every ``i < n``, the output at ``out0_p[i]``
+  — so a transposed or strided view passed as a pointer gives the wrong elements, as on a GPU,
+  a kernel compiled for another reading reads what that reading reads, and an extent beyond a
+  live device array is the GPU's illegal address (``RuntimeError``) — the grid-stride loop
+  covering every ``i`` whatever the grid;
 * during a capture the launch is recorded as a step of the graph (``cupy_standin_graph``).
 """
 
@@ -65,8 +67,12 @@ class RawKernel:
             raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name!r}; the "
                                "CuPy stand-in)")
         self.code, self.name, self.options = code, name, tuple(options)
-        self.spec, self.how, self.n = SOURCES[code]
+        self.spec = SOURCES[code][0]
         self.params = [p.strip() for p in match.group(2).split(",")]
+        self.names = [p.rsplit(" ", 1)[1] for p in self.params]
+        self.loads = dict(re.findall(r"const [\w ]+ (in\d+) = in\d+_p\[([^;]*)\];", code))
+        if not re.fullmatch(r"[\w ()%/]*", "".join(self.loads.values())):
+            raise NotImplementedError(f"CuPy stand-in: a load it cannot read in {name}")
 
     def _check(self, grid, block, args):
         for what, dims in (("grid", grid), ("block", block)):
@@ -99,29 +105,23 @@ class RawKernel:
 
     def __call__(self, grid, block, args, *, shared_mem=0):
         self._check(grid, block, args)
-        spec, how = self.spec, self.how
-        n_in = len(how)
-        ins, rest = args[:n_in], args[n_in:]
-        flag = rest[0] if spec.flag else None
-        out = rest[1 if spec.flag else 0]
-        scalars = [int(v) for v in rest[(2 if spec.flag else 1):]]
-        n, blocks = scalars[0], scalars[1:]
+        named = dict(zip(self.names, args))
+        ins = [named[f"{k}_p"] for k in sorted(self.loads, key=lambda s: int(s[2:]))]
+        flag, out = named.get("err_flag"), named["out0_p"]
+        sizes = {k: int(v) for k, v in named.items() if isinstance(v, np.integer)}
         written = [out._a] + ([flag._a] if flag is not None else [])
-        _G.mutation(written, lambda: self._launch(ins, flag, out, n, blocks))
+        _G.mutation(written, lambda: self._launch(ins, flag, out, sizes))
 
-    def _launch(self, ins, flag, out, n, blocks):
+    def _launch(self, ins, flag, out, sizes):
         import cupy_standin
-        spec = self.spec
+        spec, n = self.spec, sizes["n"]
         i = np.arange(n, dtype=np.int64)
-        gathered, extra = [], iter(blocks)
-        for k, (x, h) in enumerate(zip(ins, self.how)):
-            if h[0] == "full":
-                gathered.append(_memory(x, n, x.dtype, f"operand {k}").copy())
-            elif h[0] == "scalar":
-                gathered.append(np.broadcast_to(_memory(x, 1, x.dtype, f"operand {k}"), (n,)))
-            else:
-                m, r = next(extra), next(extra)
-                gathered.append(_memory(x, m, x.dtype, f"operand {k}")[(i // r) % m])
+        gathered = []
+        for k, x in enumerate(ins):
+            expr = self.loads[f"in{k}"].replace("/", "//")  # (unsigned C division: floor)
+            index = np.broadcast_to(eval(expr, {"__builtins__": {}}, {"i": i, **sizes}), (n,))
+            count = int(index.max()) + 1 if n else 0
+            gathered.append(_memory(x, count, x.dtype, f"operand {k}")[index])
         # (flat: a kernel of the same source serves every group of the same structure and
         # dtypes, whatever its shape; ``broadcast_to`` in a body is the identity, as in the C)
         env = cupy_standin._inputs_env(spec, gathered)

@@ -8,10 +8,11 @@ the raw kernel ``raw_source`` writes when each operand (each C-contiguous) is
 
 * ``FULL``: the output's shape: ``in_p[i]``;
 * ``SCALAR``: one value: ``in_p[0]``;
-* ``BLOCK``: a run of the output's axes, broadcast over the axes before and after it (a bias
-  ``(C,)`` against ``(B, T, C)``, a row statistic ``(B, T, 1)``): ``in_p[(i / r) % m]``, with
-  ``m`` the run's size and ``r`` the size of the axes after it (``i % m`` when ``r`` is 1,
-  ``i / r`` when nothing comes before);
+* a run of the output's axes, broadcast over the axes before and after it, with ``m`` the run's
+  size and ``r`` the size of the axes after it: ``MOD`` when nothing comes after (a bias
+  ``(C,)`` against ``(B, T, C)``): ``in_p[i % m]``; ``DIV`` when nothing comes before (a row
+  statistic ``(B, T, 1)``): ``in_p[i / r]``; ``BLOCK`` otherwise (``(T, 1)`` against
+  ``(B, T, C)``): ``in_p[(i / r) % m]``;
 
 and through the ``ElementwiseKernel`` otherwise (a transposed or strided view, a broadcast that
 is not one run). The loop index is 32-bit when the output has fewer than 2**31 elements. The
@@ -26,7 +27,7 @@ import math
 
 from .cuda_ops import ERR_PARAM, ctype
 
-FULL, SCALAR, BLOCK = "full", "scalar", "block"
+FULL, SCALAR, MOD, DIV, BLOCK = "full", "scalar", "mod", "div", "block"
 CUPY_HEADERS = ("#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n"
                 "#include <cupy/atomics.cuh>\n#include <cupy/math_constants.h>\n")
 HOST_HEADERS = "#include <cmath>\n#include <math_constants.h>\n"
@@ -37,7 +38,9 @@ MAX_BLOCKS = 4096   # the grid's cap (each thread then loops): 1 M threads in fl
 def mode(x, out_shape) -> tuple | None:
     """How the raw kernel reads operand ``x`` (an array with ``shape``, ``size`` and
     ``flags.c_contiguous``) for an output of ``out_shape``: ``(FULL,)``, ``(SCALAR,)``,
-    ``(BLOCK, m, r)``, or None (it cannot: the ``ElementwiseKernel`` runs)."""
+    ``(MOD, m)``, ``(DIV, r)``, ``(BLOCK, m, r)``, or None (it cannot: the
+    ``ElementwiseKernel`` runs). The kernel's source depends on the kinds only, its arguments
+    on the sizes."""
     out_shape = tuple(out_shape)
     if x.size == 1:
         return (SCALAR,)
@@ -56,9 +59,12 @@ def mode(x, out_shape) -> tuple | None:
     if any(padded[d] == 1 and out_shape[d] != 1 for d in range(lo, hi)):
         return None  # a broadcast axis inside the run: not one block
     m, r = math.prod(out_shape[lo:hi]), math.prod(out_shape[hi:])
-    if m * r == math.prod(out_shape) and r == 1:
+    whole = m * r == math.prod(out_shape)  # nothing before the run
+    if whole and r == 1:
         return (FULL,)  # (only axes of size 1 differ)
-    return (BLOCK, m, r)
+    if r == 1:
+        return (MOD, m)
+    return (DIV, r) if whole else (BLOCK, m, r)
 
 
 def modes(xs, out_shape) -> tuple | None:
@@ -72,26 +78,21 @@ def wide(n: int) -> bool:
     return n >= 2 ** 31
 
 
-def _load(k, how, n_total):
-    name = f"in{k}"
-    if how[0] == FULL:
-        return f"{name}_p[i]"
-    if how[0] == SCALAR:
-        return f"{name}_p[0]"
-    _, m, r = how
-    if r == 1:
-        return f"{name}_p[i % m{k}]"
-    if m * r == n_total:
-        return f"{name}_p[i / r{k}]"
-    return f"{name}_p[(i / r{k}) % m{k}]"
+_INDEX = {FULL: "i", SCALAR: "0", MOD: "i % m{k}", DIV: "i / r{k}", BLOCK: "(i / r{k}) % m{k}"}
+_SIZES = {FULL: (), SCALAR: (), MOD: ("m",), DIV: ("r",), BLOCK: ("m", "r")}  # its arguments
+
+
+def kinds(how) -> tuple:
+    """What the source depends on: each operand's kind of reading."""
+    return tuple(h[0] for h in how)
 
 
 def raw_source(spec, how, n, head=CUPY_HEADERS, name=None) -> str:
     """The raw kernel ``name`` (``{spec.name}_raw``) of elementwise ``spec``, its operands read
     as ``how`` (``modes``), for an output of ``n`` elements. Its arguments: a pointer per
     operand, the error flag's pointer (when ``spec.flag``), the output's pointer, ``n``, then
-    ``m`` and ``r`` of each ``BLOCK`` operand, every integer of the loop index's type
-    (``args``)."""
+    the sizes of each operand read in blocks (``m`` for ``MOD``, ``r`` for ``DIV``, both for
+    ``BLOCK``), every integer of the loop index's type (``args``)."""
     index_t = "unsigned long long" if wide(n) else "unsigned int"
     params = [p.strip().rsplit(" ", 1) for p in spec.in_params.split(",")
               if p.strip() and not p.strip().startswith("raw ")]
@@ -100,10 +101,9 @@ def raw_source(spec, how, n, head=CUPY_HEADERS, name=None) -> str:
     sig = [f"const {ctype(d)}* __restrict__ {name}_p" for d, name in params]
     sig += [f"int* {ERR_PARAM}"] * spec.flag
     sig += [f"{out_t}* __restrict__ {out_name}_p", f"{index_t} n"]
-    for k, h in enumerate(how):
-        if h[0] == BLOCK:
-            sig += [f"{index_t} m{k}", f"{index_t} r{k}"]
-    loads = [f"    const {ctype(d)} {name} = {_load(k, how[k], n)};"
+    for k, kind in enumerate(kinds(how)):
+        sig += [f"{index_t} {size}{k}" for size in _SIZES[kind]]
+    loads = [f"    const {ctype(d)} {name} = {name}_p[{_INDEX[how[k][0]].format(k=k)}];"
              for k, (d, name) in enumerate(params)]
     body = "\n".join("    " + line for line in spec.operation.splitlines())
     return (f"{head}{spec.preamble}\n"
@@ -114,14 +114,10 @@ def raw_source(spec, how, n, head=CUPY_HEADERS, name=None) -> str:
 
 
 def args(how, n, np_module):
-    """The trailing integer arguments (``n``, then each ``BLOCK``'s ``m`` and ``r``), as NumPy
+    """The trailing integer arguments (``n``, then each block reading's sizes), as NumPy
     scalars of the loop index's type (CuPy passes a NumPy scalar as its C type)."""
     t = np_module.uint64 if wide(n) else np_module.uint32
-    out = [t(n)]
-    for h in how:
-        if h[0] == BLOCK:
-            out += [t(h[1]), t(h[2])]
-    return out
+    return [t(n)] + [t(v) for h in how for v in h[1:]]
 
 
 def grid(n: int) -> tuple:
@@ -129,5 +125,5 @@ def grid(n: int) -> tuple:
     return (max(1, min(MAX_BLOCKS, -(-n // THREADS))),), (THREADS,)
 
 
-__all__ = ["BLOCK", "CUPY_HEADERS", "FULL", "HOST_HEADERS", "MAX_BLOCKS", "SCALAR", "THREADS",
-           "args", "grid", "mode", "modes", "raw_source", "wide"]
+__all__ = ["BLOCK", "CUPY_HEADERS", "DIV", "FULL", "HOST_HEADERS", "MAX_BLOCKS", "MOD", "SCALAR",
+           "THREADS", "args", "grid", "kinds", "mode", "modes", "raw_source", "wide"]

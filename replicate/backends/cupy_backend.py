@@ -81,7 +81,7 @@ def _compile(spec):
 
 def _compile_raw(spec, how, n):
     """The raw kernel of elementwise ``spec`` for operands read as ``how`` (``cuda_raw.py``)."""
-    key = (spec.key, how, cuda_raw.wide(n))
+    key = (spec.key, cuda_raw.kinds(how), cuda_raw.wide(n))  # (the sizes are arguments)
     entry = _KERNELS.get(key)
     if entry is None:
         source = cuda_raw.raw_source(spec, how, n)

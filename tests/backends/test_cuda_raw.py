@@ -30,7 +30,8 @@ from replicate.graph.passes import PIPELINE
 from replicate.graph.passes.fusion import _body
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_host_shim.h")
-FULL, SCALAR, BLOCK = cuda_raw.FULL, cuda_raw.SCALAR, cuda_raw.BLOCK
+FULL, SCALAR, MOD, DIV, BLOCK = (cuda_raw.FULL, cuda_raw.SCALAR, cuda_raw.MOD, cuda_raw.DIV,
+                                 cuda_raw.BLOCK)
 
 
 def _x(shape, contiguous=True):
@@ -42,10 +43,11 @@ def _x(shape, contiguous=True):
     ((2, 3, 4), (2, 3, 4), (FULL,)),
     ((), (2, 3, 4), (SCALAR,)),
     ((1, 1), (2, 3, 4), (SCALAR,)),
-    ((4,), (2, 3, 4), (BLOCK, 4, 1)),            # a bias: i % 4
-    ((2, 3, 1), (2, 3, 4), (BLOCK, 6, 4)),       # a row statistic: i / 4
+    ((4,), (2, 3, 4), (MOD, 4)),                 # a bias: i % 4
+    ((2, 3, 1), (2, 3, 4), (DIV, 4)),            # a row statistic: i / 4
     ((3, 1), (2, 3, 4), (BLOCK, 3, 4)),          # (i / 4) % 3
-    ((1, 3, 4), (2, 3, 4), (BLOCK, 12, 1)),
+    ((3, 1), (1, 3, 4), (DIV, 4)),               # the same with nothing before: i / 4
+    ((1, 3, 4), (2, 3, 4), (MOD, 12)),
     ((1, 3, 4), (1, 3, 4), (FULL,)),
     ((3, 4), (1, 3, 4), (FULL,)),                # only axes of size 1 differ
     ((2, 1, 4), (2, 3, 4), None),                # a broadcast axis inside the run
@@ -76,15 +78,15 @@ def _spec(fn, *args):
 @pytest.mark.skipif(shutil.which("g++") is None,
                     reason="no C++ compiler (g++) installed: the host check needs one")
 def test_the_raw_kernels_index_arithmetic_on_the_host(tmp_path):
-    """Operands (B, T, C), (C,), (B, T, 1), (T, 1) and a scalar: FULL, BLOCK i % m, i / r,
-    (i / r) % m and SCALAR, each read as the C reads it, against NumPy's broadcast."""
+    """Operands (B, T, C), (C,), (B, T, 1), (T, 1) and a scalar: FULL, MOD, DIV, BLOCK and
+    SCALAR, each read as the C reads it, against NumPy's broadcast."""
     rng = np.random.default_rng(0)
     shapes = [(2, 3, 5), (5,), (2, 3, 1), (3, 1), ()]
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     spec, body, ordered = _spec(lambda a, b, c, d, e: (a * b - c) * d + e, *xs)
     out_shape = (2, 3, 5)
     how = tuple(cuda_raw.mode(_x(x.shape), out_shape) for x in ordered)
-    assert sorted(h[0] for h in how) == sorted([FULL, BLOCK, BLOCK, BLOCK, SCALAR])
+    assert sorted(h[0] for h in how) == sorted([FULL, MOD, DIV, BLOCK, SCALAR])
     n = 30
     source = cuda_raw.raw_source(spec, how, n, head="", name="k")
     ints = [str(v) for v in cuda_raw.args(how, n, np)]
@@ -185,3 +187,17 @@ def test_the_standin_rawkernel_refuses_what_a_gpu_would_misread():
     strided = cupy.asarray(np.arange(16, dtype=np.float32))[::2]  # the GPU reads 0..7
     kernel((1,), (8,), (strided, b, out, np.uint32(8)))
     assert np.array_equal(cupy.asnumpy(out), np.arange(8, dtype=np.float32))
+
+
+@needs_cupy
+def test_one_kernel_per_reading_not_per_first_shape():
+    """(T, 1) against (1, T, C) reads ``i / r``; against (2, T, C) ``(i / r) % m``, with the
+    same m and r: each call gets the reading its shapes need, whichever came first."""
+    rng = np.random.default_rng(2)
+    col = rng.standard_normal((3, 1)).astype(np.float32)
+    f = rp.function(lambda a, b: rnp.exp(a) * b, backend="cupy")
+    for batch in (1, 2, 1):
+        x = rng.standard_normal((batch, 3, 4)).astype(np.float32)
+        got, kinds = _launched(f, col, x)
+        np.testing.assert_allclose(got, np.exp(col) * x, rtol=1e-6)
+        assert kinds == ["raw"]
