@@ -113,22 +113,27 @@ def _fused_fn(node, consts, index, checks):
         return [err]
 
     if spec.kind == "elementwise":
-        layouts: dict = {}  # the operands' (shape, strides) -> how the raw kernel reads them
+        layouts: dict = {}  # the operands' (shape, strides) -> the raw launch, or None
         size = int(np.prod(shape))
+
+        def raw_launch(ins):
+            how = cuda_raw.modes(ins, shape) if size else None
+            if how is None:
+                return None
+            raw, source = _compile_raw(spec, how, size)
+            return raw, source, *cuda_raw.grid(size), tuple(cuda_raw.args(how, size, np))
 
         def run(*xs):
             out = cupy.empty(shape, dtype)
             ins = [xs[i] for i in spec.params]
             key = tuple((x.shape, x.strides) for x in ins)
-            how = layouts.get(key, False)
-            if how is False:
-                how = layouts[key] = cuda_raw.modes(ins, shape) if size else None
-            if how is not None:  # read linearly: the raw kernel
-                raw, source = _compile_raw(spec, how, size)
+            launch = layouts.get(key, False)
+            if launch is False:
+                launch = layouts[key] = raw_launch(ins)
+            if launch is not None:  # read linearly: the raw kernel
+                raw, source, blocks, threads, sizes = launch
                 LAUNCHES.raw(spec, source)
-                blocks, threads = cuda_raw.grid(size)
-                raw(blocks, threads, (*ins, *(flag() if spec.flag else ()), out,
-                                      *cuda_raw.args(how, size, np)))
+                raw(blocks, threads, (*ins, *(flag() if spec.flag else ()), out, *sizes))
                 return out
             args = [*ins, *(flag() if spec.flag else ()), out]
             LAUNCHES.elementwise(spec, args)
