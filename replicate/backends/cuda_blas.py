@@ -6,11 +6,12 @@ no step with a matmul could be replayed, and each call costs about 26 µs of hos
 ``bench/gpu_cublas_probe.py``). Here a step's products call ``cublas{S,D}gemmStridedBatched`` of
 the libcublas CuPy itself loaded, through ``ctypes``, on a handle of our own:
 
-* the handle is ours (one per device), so nothing else sets its stream: it is bound to the
-  current stream when that changes (``cublasSetStream_v2``) and given a workspace of ours
-  (``cublasSetWorkspace_v2``, 32 MiB, kept for the process), so a capture allocates nothing
-  and a replayed graph's GEMMs write memory that stays theirs; cuBLAS captures its kernels
-  like any other work of the stream (the probe: captured, replayed, right);
+* the handle is ours (one per device and thread, as CuPy's), so nothing else sets its stream:
+  it is bound to the current stream when that changes (``cublasSetStream_v2``) and given a
+  workspace of ours (``cublasSetWorkspace_v2``, 32 MiB, kept for the process even when its
+  thread ends), so a capture allocates nothing and a replayed graph's GEMMs write memory that
+  stays theirs; cuBLAS captures its kernels like any other work of the stream (the probe:
+  captured, replayed, right);
 * row-major ``C = A @ B`` is the column-major ``Cᵀ = Bᵀ Aᵀ``: an operand that is C-ordered in
   its last two axes is passed as is, one that is their transpose (a ``.T`` view) with the
   transposed op; anything else (negative or odd strides) is made contiguous first;
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 
 import numpy as np
 
@@ -48,14 +50,24 @@ _SIGNATURES = {
 
 
 def open_library():
-    """The libcublas this process already loaded (CuPy's), as a ``ctypes.CDLL``, or None."""
+    """The libcublas this process already loaded for CuPy, as a ``ctypes.CDLL``, or None: the
+    one of CuPy's CUDA major version (PyTorch may have mapped another beside it)."""
     try:
+        import cupy
         from cupy_backends.cuda.libs import cublas  # noqa: F401 - loads libcublas
+        major = cupy.cuda.runtime.runtimeGetVersion() // 1000
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "/libcublas.so" in line}
-    except (ImportError, OSError):
+    except (ImportError, OSError, AttributeError):
         return None
-    return ctypes.CDLL(sorted(paths)[0]) if paths else None
+    path = pick_library(paths, major)
+    return ctypes.CDLL(path) if path else None
+
+
+def pick_library(paths, major: int):
+    """Of the mapped libcublas ``paths``, the one of CUDA ``major`` (else the first), or None."""
+    mine = sorted(p for p in paths if f"/libcublas.so.{major}" in p) or sorted(paths)
+    return mine[0] if mine else None
 
 
 class CublasError(RuntimeError):
@@ -88,7 +100,8 @@ def _check(status: int, what: str) -> None:
 
 
 _LIB: list = []  # [library or None], opened once
-_DEVICES: dict = {}
+_HANDLES = threading.local()  # .devices: {device: _Device}, per thread (as CuPy's handles are)
+_KEPT: list = []  # every _Device made: a captured graph may use its workspace after its thread
 GEMMS = {"direct": 0, "cupy": 0}  # products made each way (the backend's own record)
 
 
@@ -112,10 +125,14 @@ def _device(cp):
     lib = _library()
     if lib is None:
         return None
+    devices = getattr(_HANDLES, "devices", None)
+    if devices is None:
+        devices = _HANDLES.devices = {}
     key = cp.cuda.runtime.getDevice()
-    if key not in _DEVICES:
-        _DEVICES[key] = _Device(cp, lib)
-    return _DEVICES[key]
+    if key not in devices:
+        devices[key] = _Device(cp, lib)
+        _KEPT.append(devices[key])
+    return devices[key]
 
 
 def bind(cp, stream) -> None:
@@ -252,4 +269,4 @@ def _sum_alone(x, term, others):
 
 
 __all__ = ["GEMMS", "CublasError", "WORKSPACE", "available", "bind", "einsum", "matmul",
-           "open_library"]
+           "open_library", "pick_library"]

@@ -236,3 +236,14 @@ def test_the_standin_cublas_refuses_a_capture_without_a_workspace(cp):
                 _gemm(lib, cp, handle.value)
         finally:
             stream.end_capture()
+
+
+def test_the_library_is_cupys_cuda_major_when_pytorch_mapped_another():
+    from replicate.backends.cuda_blas import pick_library
+
+    torch12 = "/opt/venv/site-packages/nvidia/cublas/lib/libcublas.so.12"
+    cuda13 = "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libcublas.so.13.1.0.3"
+    assert pick_library({torch12, cuda13}, 13) == cuda13
+    assert pick_library({torch12, cuda13}, 12) == torch12
+    assert pick_library({cuda13}, 12) == cuda13  # (none of that major: the one there is)
+    assert pick_library(set(), 13) is None
