@@ -7,8 +7,9 @@ kernels on the same 16 M float32, from CUDA events, 20 launches back to back.
 Rows: the copy (``cupy.copyto``); an identity ``ElementwiseKernel`` (CuPy's indexing, one float
 per thread); the chain as an ``ElementwiseKernel`` with CUDA's precise ``tanhf``/``expf``; the
 chain as a raw kernel, grid-stride, ``float4`` loads and stores, precise and with fast
-intrinsics (``__expf``, ``__fdividef``; flush-to-zero); a raw ``float4`` copy; and the cupy
-backend's own fused kernel (``rp.function``, host call included).
+intrinsics (``__expf``, ``__fdividef``; flush-to-zero); a raw ``float4`` copy; the cupy
+backend's own fused kernel (``rp.function``, host call included), and its raw kernel launched
+alone (its device time without the call's host path).
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def main() -> None:
         rows.append(("replicate cupy (rp.function)", timed(lambda: f(x))))
         print(f"replicate's chain: max |error| {float(cp.abs(f(x) - ref).max()):.2e} against "
               "CuPy's precise chain")
+        # the backend's raw kernel of the chain launched alone: its device time, no host path
+        import numpy as np
+
+        from replicate.backends import cuda_raw, cupy_backend
+        raws = [v for v in cupy_backend._KERNELS.values() if isinstance(v, tuple)]
+        if raws:
+            kern, _ = raws[-1]
+            how = ((cuda_raw.FULL,),)
+            blocks, threads = cuda_raw.grid(N)
+            sizes = tuple(cuda_raw.args(how, N, np))
+            rows.append(("replicate's raw kernel alone", timed(
+                lambda: kern(blocks, threads, (x, y, *sizes)))))
     except Exception as e:  # noqa: BLE001 - the probe's other rows still say something
         print("replicate row failed:", type(e).__name__, e)
     for name, us in rows:
