@@ -20,6 +20,7 @@ device arrays (host memory: a pointer is a host address) and at least as strict 
   one) is refused; ``cublasSetStream_v2`` drops the workspace set before (cuBLAS resets it to its
   own pool), and a GEMM captured without a workspace of the caller's is refused (cuBLAS would
   allocate during the capture);
+* C may not overlap A or B (cuBLAS reads what it has already written: an undefined result);
 * during a capture the GEMM is recorded as a step of the graph (run at each launch), run now
   too only when its output was made in the capture (as ``cupy_standin_graph.mutation``).
 """
@@ -170,6 +171,9 @@ def _gemm(dtype, ctype):
         va, _ = _view(a, dtype, rows_a, cols_a, lda, stride_a, count, "A")
         vb, _ = _view(b, dtype, rows_b, cols_b, ldb, stride_b, count, "B")
         vc, out = _view(c, dtype, m, n, ldc, stride_c, count, "C")
+        if np.shares_memory(vc, va) or np.shares_memory(vc, vb):
+            raise RuntimeError("CuPy stand-in cuBLAS: C overlaps A or B (cuBLAS's result is "
+                               "undefined: it reads what it has already written)")
         opa = va if transa == 0 else va.transpose(0, 2, 1)
         opb = vb if transb == 0 else vb.transpose(0, 2, 1)
         keep = (va, vb, vc)

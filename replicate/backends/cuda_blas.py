@@ -204,8 +204,9 @@ def matmul(cp, a, b, out=None):
     batch = tuple(np.broadcast_shapes(va.shape[:-2], vb.shape[:-2]))
     shape = batch + (m, n)
     final = shape[:-2] + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
-    if out is not None and (out.shape != final or out.dtype != a.dtype):
-        result = matmul(cp, a, b)
+    if out is not None and (out.shape != final or out.dtype != a.dtype
+                            or cp.may_share_memory(out, a) or cp.may_share_memory(out, b)):
+        result = matmul(cp, a, b)  # (cuBLAS would read what it already wrote)
         cp.copyto(out, result)
         return out
     count = math.prod(batch)

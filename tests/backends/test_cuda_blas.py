@@ -112,6 +112,17 @@ def test_out_is_written_contiguous_or_not(cp):
     assert not cp.asnumpy(big)[:, :, 1::2].any()
 
 
+def test_an_out_that_is_an_operand_gets_numpys_result(cp):
+    blas = _blas()
+    a, b = _r(4, 4), _r(4, 4)
+    da = cp.asarray(a)
+    assert blas.matmul(cp, da, cp.asarray(b), out=da) is da  # a @= b
+    np.testing.assert_allclose(cp.asnumpy(da), a @ b, rtol=1e-5, atol=1e-5)
+    db = cp.asarray(b)
+    blas.matmul(cp, cp.asarray(a), db, out=db)
+    np.testing.assert_allclose(cp.asnumpy(db), a @ b, rtol=1e-5, atol=1e-5)
+
+
 def test_integers_and_empty_products_go_to_cupy(cp):
     blas = _blas()
     before = dict(blas.GEMMS)
@@ -192,12 +203,13 @@ def _standin():
     return cupy_standin_blas.LIBRARY
 
 
-def _gemm(lib, cp, handle, m=2, n=2, k=2, ld=2, alpha=None, size=4):
-    buf = cp.zeros(size, cp.float32)
+def _gemm(lib, cp, handle, m=2, n=2, k=2, ld=2, alpha=None, size=4, c=None):
+    a, b = cp.zeros(size, cp.float32), cp.zeros(size, cp.float32)
+    c = cp.zeros(size, cp.float32) if c is None else c(a)
     one = alpha if alpha is not None else ctypes.c_float(1.0)
-    return lib.cublasSgemmStridedBatched(handle, 0, 0, m, n, k, ctypes.byref(one), buf.data.ptr,
-                                         ld, 0, buf.data.ptr, ld, 0,
-                                         ctypes.byref(ctypes.c_float(0.0)), buf.data.ptr, ld, 0, 1)
+    return lib.cublasSgemmStridedBatched(handle, 0, 0, m, n, k, ctypes.byref(one), a.data.ptr,
+                                         ld, 0, b.data.ptr, ld, 0,
+                                         ctypes.byref(ctypes.c_float(0.0)), c.data.ptr, ld, 0, 1)
 
 
 def test_the_standin_cublas_refuses_what_libcublas_gets_wrong(cp):
@@ -216,6 +228,8 @@ def test_the_standin_cublas_refuses_what_libcublas_gets_wrong(cp):
         _gemm(lib, cp, h, m=3, n=3, k=3, ld=3)  # 9 floats read from a buffer of 4
     with pytest.raises(ctypes.ArgumentError):
         _gemm(lib, cp, h, m=2.0)
+    with pytest.raises(RuntimeError, match="overlaps"):
+        _gemm(lib, cp, h, c=lambda a: a)  # C is A: undefined
     other = cp.cuda.Stream(non_blocking=True)
     with other, pytest.raises(RuntimeError, match="not the current stream"):
         _gemm(lib, cp, h)

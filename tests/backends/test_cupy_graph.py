@@ -59,6 +59,13 @@ class _Params:
         return dict(self.variables)
 
 
+def _labelled(seed):
+    """STEPS batches of 8 rows of 16 features and labels of 4 classes."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
+            for _ in range(STEPS)]
+
+
 def _no_library(options):
     """A step with no call into CUDA's libraries: elementwise layers, a label gather,
     reductions and Adam."""
@@ -74,10 +81,7 @@ def _no_library(options):
         opt.apply(rp.grad(loss, [w, b]))
         return loss
 
-    rng = np.random.default_rng(5)
-    batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
-               for _ in range(STEPS)]
-    return rp.function(step, backend="cupy", options=options), model, batches
+    return rp.function(step, backend="cupy", options=options), model, _labelled(5)
 
 
 def _einsum(options):
@@ -94,10 +98,7 @@ def _einsum(options):
         opt.apply(rp.grad(loss, [w]))
         return loss
 
-    rng = np.random.default_rng(7)
-    batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, 8))
-               for _ in range(STEPS)]
-    return rp.function(step, backend="cupy", options=options), model, batches
+    return rp.function(step, backend="cupy", options=options), model, _labelled(7)
 
 
 def _gpt(options):
