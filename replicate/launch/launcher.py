@@ -59,11 +59,33 @@ def find_mpiexec() -> str:
                      "pip install 'replicate[mpi]'")
 
 
+MANAGER = "REPLICATE_PROCESS_MANAGER"  # "hydra" or "auto" (unset: "auto")
+FORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forker.py")
+
+
+def process_manager(n: int, mpi_args=(), environ=os.environ) -> list[str]:
+    """The command that starts the job's ``n`` processes. A job given none of ``mpiexec``'s
+    options runs on this machine alone, and the launcher's own process manager starts it
+    (``forker.py``): it forks the ranks and serves MPI's start-up over socket pairs, so nothing
+    of the job listens on the network, not even before MPI is up. hydra's ``mpiexec`` — for
+    several hosts, and for its own options (``-ppn``, ``-bind-to``, ``--hosts``) — listens on
+    every interface for its proxies until the job ends, open to anyone until the ranks close it
+    once MPI is up (``runtime/job/exposure.py``). ``REPLICATE_PROCESS_MANAGER=hydra`` uses hydra
+    for every job."""
+    choice = environ.get(MANAGER, "").strip().lower() or "auto"
+    if choice not in ("auto", "hydra"):
+        raise SystemExit(f"replicate.launch: {MANAGER} must be hydra or auto, got {choice!r}")
+    if choice == "hydra" or mpi_args:
+        return [find_mpiexec(), "-n", str(n), *mpi_args]
+    find_mpiexec()  # (the MPI library the ranks load comes with it)
+    return [sys.executable, FORKER, "-n", str(n)]
+
+
 def command(n: int, script: str | None, args: list[str], module: str | None = None,
-            mpi_args=()) -> list[str]:
-    """The ``mpiexec`` command line: every rank runs the bootstrap on the script (or module)."""
+            mpi_args=(), environ=os.environ) -> list[str]:
+    """The job's command line: every rank runs the bootstrap on the script (or module)."""
     target = ["-m", module] if module else [script]
-    return [find_mpiexec(), "-n", str(n), *mpi_args, sys.executable, "-m", "replicate", *target,
+    return [*process_manager(n, mpi_args, environ), sys.executable, "-m", "replicate", *target,
             *args]
 
 
@@ -291,7 +313,7 @@ def main(argv=None) -> int:
                 print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
                 if not job["n"]:
                     return 1, None
-        cmd = command(job["n"], script, args, module, job["mpi"])
+        cmd = command(job["n"], script, args, module, job["mpi"], env)
         code, cause = _attempt(cmd, {**env, restart.ENV: str(number)}, job["n"], stopped,
                                job["mpi"])
         placed = hosts.rank_hosts(job["n"], job["mpi"])

@@ -81,21 +81,64 @@ for host in sys.argv[2:]:
 """
 
 
+def _start(go, **extra):
+    cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", "exposure_mpi.py", "wait", go]
+    return subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(**extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _ready(proc, seen: list) -> list[str]:
+    """The ranks' two ``ready`` lines; meanwhile, from the launch on, every TCP listener of
+    the job's processes is added to ``seen``."""
+    lines = []
+    os.set_blocking(proc.stdout.fileno(), False)
+    deadline = time.monotonic() + 60
+    while len(lines) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        seen.extend(x for x in _listeners(_tree(proc.pid)) if x not in seen)
+        chunk = proc.stdout.readline()
+        if chunk:
+            lines.append(chunk)
+        else:
+            time.sleep(0.01)
+    os.set_blocking(proc.stdout.fileno(), True)
+    return lines
+
+
+@mpi
+def test_a_one_machine_job_listens_on_nothing_from_its_start(tmp_path):
+    """Before: hydra's mpiexec listened on every interface from its start (and until MPI was
+    up nothing could close it: 12 bytes from anyone ended the job), and UCX listened on the
+    machine's address. Now the launcher's own process manager starts a job on one machine: no
+    process of the job holds a TCP listener at any point, start-up included."""
+    go, seen = str(tmp_path / "go"), []
+    with exclusive():
+        proc = _start(go)
+        try:
+            ready = _ready(proc, seen)
+            assert all(line.startswith("ready") for line in ready) and len(ready) == 2, ready
+            seen.extend(x for x in _listeners(_tree(proc.pid)) if x not in seen)
+            open(go, "w").close()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert seen == [], f"the job listened on {seen}"
+    assert proc.returncode == 0 and out.count("sum") == 2, (out, err)
+
+
 @mpi
 @as_root
-def test_a_one_machine_job_has_no_listener_another_user_can_connect_to(tmp_path):
-    """Before: UCX listened on the machine's address and on loopback, and mpiexec's control
-    port took 12 bytes from anyone (that ended the job). Now no listener of the job accepts."""
+def test_under_hydra_no_listener_accepts_another_user_once_mpi_is_up(tmp_path):
+    """With hydra (``REPLICATE_PROCESS_MANAGER=hydra``, or a plain ``mpiexec``): its control
+    port stays listed, but once MPI is up no listener of the job accepts another user."""
     go = str(tmp_path / "go")
-    cmd = [sys.executable, "-m", "replicate.launch", "-n", "2", "exposure_mpi.py", "wait", go]
     with exclusive():
-        proc = subprocess.Popen(cmd, cwd=PROGRAMS, env=child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = _start(go, REPLICATE_PROCESS_MANAGER="hydra")
         try:
             ready = [proc.stdout.readline() for _ in range(2)]
             assert all(line.startswith("ready") for line in ready), ready
             found = _listeners(_tree(proc.pid))
-            assert found, "the job holds no listener at all: mpiexec's was expected"
+            assert found, "the job holds no listener at all: hydra's was expected"
             hosts = {"127.0.0.1", socket.gethostbyname(socket.gethostname())}
             tried = []
             for address, port in found:
