@@ -13,6 +13,10 @@ host that no longer answers, or whose ranks ended two attempts, is left out, dow
 other option goes to ``mpiexec`` as written
 (``--hosts a,b``, ``-f hostfile``, ``-ppn 2``, ``-bind-to core``), with the word after it as its
 value unless it is one of MPICH's options without a value (``NO_VALUE``) or written ``--opt=v``.
+A job given none of those runs on this machine under the launcher's own process manager
+(``forker.py``: the ranks start MPI over inherited socket pairs, nothing listens on the
+network); with them, under ``mpiexec`` (hydra); ``REPLICATE_PROCESS_MANAGER=hydra`` for hydra
+always (``process_manager``).
 
 Every rank runs the script through the bootstrap (``python -m replicate``, see
 ``replicate/launch/bootstrap.py``): MPI is up before the script's first line, and a rank that fails

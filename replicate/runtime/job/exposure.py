@@ -16,6 +16,8 @@ bytes. So, around ``MPI_Init`` (``comm.world``):
   (``mpi_shm.check_own``) before the job's first message; otherwise a ``ReplicateError`` says
   why.
 
+A job ``replicate.launch`` starts on one machine runs under its own process manager
+(``launch/forker.py``), which listens on nothing: there is no control port to close.
 A job over several machines still needs network listeners between its ranks (restrict them with
 ``UCX_NET_DEVICES``/``UCX_TLS``); see docs/guides/failure-behaviour.md.
 """
