@@ -63,7 +63,10 @@ class Rank:
                                      preexec_fn=_die_with_parent)
         theirs.close()
         self.kvsname = kvsname
-        self.ended = os.pidfd_open(self.proc.pid)
+        try:  # (readable when the process has ended; Linux 5.3 and later)
+            self.ended = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self.ended = None  # (polled instead, ten times a second)
 
 
 class Job:
@@ -77,7 +80,8 @@ class Job:
             rank = Rank(r, n, argv, kvsname)
             self.ranks.append(rank)
             self.selector.register(rank.pmi, selectors.EVENT_READ, ("pmi", rank))
-            self.selector.register(rank.ended, selectors.EVENT_READ, ("ended", rank))
+            if rank.ended is not None:
+                self.selector.register(rank.ended, selectors.EVENT_READ, ("ended", rank))
         self.live = set(self.ranks)
 
     # ---- the ranks' requests (PMI-1: one line of ``key=value`` words each)
@@ -161,8 +165,9 @@ class Job:
     # ---- the ranks' ends
 
     def reap(self, rank: Rank) -> None:
-        self.selector.unregister(rank.ended)
-        os.close(rank.ended)
+        if rank.ended is not None:
+            self.selector.unregister(rank.ended)
+            os.close(rank.ended)
         code = rank.proc.wait()
         self.live.discard(rank)
         if self.ending:
@@ -200,12 +205,16 @@ class Job:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self.interrupted)
+        polled = [rank for rank in self.ranks if rank.ended is None]
         while self.live:
-            for key, _ in self.selector.select():
+            for key, _ in self.selector.select(0.1 if polled else None):
                 kind, rank = key.data
                 if kind == "pmi":
                     self.serve(rank)
                 elif rank in self.live:
+                    self.reap(rank)
+            for rank in polled:
+                if rank in self.live and rank.proc.poll() is not None:
                     self.reap(rank)
         return self.code or 0
 

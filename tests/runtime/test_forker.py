@@ -181,3 +181,17 @@ def test_the_launcher_uses_it_for_a_job_that_names_no_host(monkeypatch):
     assert launcher.command(2, "t.py", [], environ=hydra)[0] == "/opt/mpich/bin/mpiexec"
     with pytest.raises(SystemExit, match="must be hydra or auto"):
         launcher.command(2, "t.py", [], environ={launcher.MANAGER: "gforker"})
+
+
+@mpi
+def test_without_pidfd_the_ends_are_polled(monkeypatch):
+    """Kernels before 5.3 have no ``pidfd_open``: the forker polls the ranks instead."""
+    def missing(pid):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(os, "pidfd_open", missing)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # (this process is pytest's)
+    monkeypatch.setattr(os, "environ", child_env())
+    with exclusive():
+        start = time.monotonic()
+        code = forker_main(["-n", "2", sys.executable, "-c", MPI_JOB, "kill"])
+    assert code == 128 + 9 and time.monotonic() - start < 20
