@@ -17,9 +17,10 @@ at all. It behaves as hydra does where the launcher relies on it:
 * a rank that ends without starting MPI while another started it would leave that one waiting
   in MPI's start-up forever (hydra's does): the job is ended the same way, exit code that
   rank's (1 if it was 0);
-* SIGTERM and SIGHUP are passed on to every rank; Ctrl-C reaches the ranks from the terminal
-  (they share its process group), and a second SIGINT kills them; if this process is killed
-  the ranks are too (``PR_SET_PDEATHSIG``);
+* each rank runs in a session of its own with SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 at
+  their defaults, and this process passes each of those on to every rank (Ctrl-C in the
+  terminal reaches the ranks once, through it); a second SIGINT kills them; if this process
+  is killed, so are they (``PR_SET_PDEATHSIG``);
 * rank 0 reads the standard input, the others ``/dev/null``; every rank writes to this
   process's standard output and error directly; each rank sees ``MPI_LOCALNRANKS`` and
   ``MPI_LOCALRANKID`` as under hydra. The job's PMI name (``kvsname``), which MPICH's
@@ -43,10 +44,15 @@ PREFIX = "[replicate.launch]"
 MAXES = "kvsname_max=256 keylen_max=256 vallen_max=1024"
 
 
-def _die_with_parent() -> None:  # (in each child, between fork and exec)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _in_child(forker: int) -> None:  # (in each rank, between fork and exec)
+    for sig in FORWARDED:  # (an ignored signal stays ignored across exec)
+        signal.signal(sig, signal.SIG_DFL)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the forker is already gone
+    if os.getppid() != forker:  # the forker is already gone
         os._exit(1)
 
 
@@ -58,9 +64,11 @@ class Rank:
         env = {k: v for k, v in os.environ.items() if k not in ("PMI_PORT", "PMI_ID")}
         env.update(PMI_FD=str(theirs.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(n),
                    MPI_LOCALNRANKS=str(n), MPI_LOCALRANKID=str(rank))
+        forker = os.getpid()
         self.proc = subprocess.Popen(argv, env=env, pass_fds=[theirs.fileno()],
                                      stdin=None if rank == 0 else subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: _in_child(forker))
         theirs.close()
         self.kvsname = kvsname
         try:  # (readable when the process has ended; Linux 5.3 and later)
@@ -197,13 +205,13 @@ class Job:
     def interrupted(self, sig, _frame) -> None:
         if sig == signal.SIGINT:
             self.interrupts += 1
-            if self.interrupts > 1:
+            if self.interrupts > 1:  # (a second Ctrl-C: no more waiting)
                 self.end(128 + sig)
-            return
+                return
         self.signal(sig)
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for sig in FORWARDED:
             signal.signal(sig, self.interrupted)
         polled = [rank for rank in self.ranks if rank.ended is None]
         while self.live:

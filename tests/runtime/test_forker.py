@@ -195,3 +195,41 @@ def test_without_pidfd_the_ends_are_polled(monkeypatch):
         start = time.monotonic()
         code = forker_main(["-n", "2", sys.executable, "-c", MPI_JOB, "kill"])
     assert code == 128 + 9 and time.monotonic() - start < 20
+
+
+CTRL_C = """
+import sys, time
+from replicate.runtime.communication.comm import world
+comm = world()
+sys.stdout.write(f"up {comm.rank}\\n")
+sys.stdout.flush()
+for i in range(600):
+    comm.allgather_obj(i)
+    time.sleep(0.1)
+"""
+
+
+@mpi
+def test_ctrl_c_reaches_every_rank_once_and_ends_the_job(tmp_path):
+    """Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it): the ranks run in
+    sessions of their own, as under hydra, and get it from the forker: they stop with their
+    KeyboardInterrupt, and a job the user stopped is not restarted."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C)
+    with exclusive():
+        proc = subprocess.Popen([sys.executable, "-m", "replicate.launch", "-n", "2",
+                                 "--max-restarts", "1", str(script)], env=child_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            up = [proc.stdout.readline() for _ in range(2)]
+            assert sorted(up) == ["up 0\n", "up 1\n"], up
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, err
+    # (the first rank to abort ends the job: the other may be killed before it says so)
+    assert any(f"rank {r}: KeyboardInterrupt" in err for r in range(2)), err
+    assert "restart" not in err, err
