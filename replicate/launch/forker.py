@@ -26,14 +26,14 @@ at all. It behaves as hydra does where the launcher relies on it:
   ``MPI_LOCALRANKID`` as under hydra. The job's PMI name (``kvsname``), which MPICH's
   shared-memory file names derive from, is random, so another user cannot guess those names.
 
-Nothing of the package is imported (the file runs by its path, before any rank starts).
+Nothing of the package is imported: the file runs by its path with ``python -I -S`` (the
+standard library only, no site packages to scan), before any rank starts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import secrets
 import selectors
 import signal
 import socket
@@ -81,7 +81,7 @@ class Job:
     def __init__(self, n: int, argv: list[str]):
         self.n, self.kvs, self.waiting = n, {}, set()
         self.code, self.ending, self.interrupts = None, False, 0
-        kvsname = f"kvs_{os.getpid()}_{secrets.token_hex(8)}"
+        kvsname = f"kvs_{os.getpid()}_{os.urandom(8).hex()}"
         self.selector = selectors.DefaultSelector()
         self.ranks = []
         for r in range(n):

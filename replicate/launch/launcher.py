@@ -82,7 +82,7 @@ def process_manager(n: int, mpi_args=(), environ=os.environ) -> list[str]:
     if choice == "hydra" or mpi_args:
         return [find_mpiexec(), "-n", str(n), *mpi_args]
     find_mpiexec()  # (the MPI library the ranks load comes with it)
-    return [sys.executable, FORKER, "-n", str(n)]
+    return [sys.executable, "-I", "-S", FORKER, "-n", str(n)]  # (stdlib only: starts fast)
 
 
 def command(n: int, script: str | None, args: list[str], module: str | None = None,

@@ -75,7 +75,8 @@ def mpi(test):
 
 
 def forker(n, code, *args, timeout=60):
-    return run([sys.executable, FORKER, "-n", str(n), sys.executable, "-c", code, *args],
+    return run([sys.executable, "-I", "-S", FORKER, "-n", str(n), sys.executable, "-c", code,
+                *args],
                timeout=timeout, env=child_env())
 
 
@@ -128,8 +129,8 @@ def test_a_request_it_does_not_serve_ends_the_job_with_a_reason():
 
 
 def _started(code, *args):
-    proc = subprocess.Popen([sys.executable, FORKER, "-n", "2", sys.executable, "-c", code,
-                             *args], env=child_env(), stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-I", "-S", FORKER, "-n", "2", sys.executable, "-c",
+                             code, *args], env=child_env(), stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     pids = [int(proc.stdout.readline().split()[2]) for _ in range(2)]
     return proc, pids
@@ -174,7 +175,8 @@ def test_usage():
 def test_the_launcher_uses_it_for_a_job_that_names_no_host(monkeypatch):
     monkeypatch.setattr(launcher, "find_mpiexec", lambda: "/opt/mpich/bin/mpiexec")
     assert launcher.command(2, "t.py", ["x"], environ={}) == [
-        sys.executable, FORKER, "-n", "2", sys.executable, "-m", "replicate", "t.py", "x"]
+        sys.executable, "-I", "-S", FORKER, "-n", "2", sys.executable, "-m", "replicate", "t.py",
+        "x"]
     assert launcher.command(2, "t.py", [], mpi_args=["-ppn", "1"], environ={})[:5] == [
         "/opt/mpich/bin/mpiexec", "-n", "2", "-ppn", "1"]
     hydra = {launcher.MANAGER: "hydra"}
