@@ -11,16 +11,22 @@ MPI start-up over a socket pair it inherits (PMI-1, MPICH's "simple" wire protoc
 at all. It behaves as hydra does where the launcher relies on it:
 
 * a rank that ends by a signal, calls ``MPI_Abort``, or exits after MPI's start-up without
-  ``MPI_Finalize`` ends the job: the other ranks are killed (SIGKILL) at once, and the exit
-  code is that rank's (``128 + signal`` for a signal, the code given to ``MPI_Abort``, and 0
-  for a rank that left with code 0, as hydra returns it: the launcher's verdict names it);
+  ``MPI_Finalize`` ends the job: the other ranks are killed (SIGKILL) at once, each with its
+  process group (what it started), and the exit code is that rank's (``128 + signal`` for a
+  signal, where hydra gives the signal's number; the code given to ``MPI_Abort``; and 0 for a
+  rank that left with code 0, as hydra returns it: the launcher's verdict names it); ranks
+  that finish normally give the largest of their codes;
 * a rank that ends without starting MPI while another started it would leave that one waiting
   in MPI's start-up forever (hydra's does): the job is ended the same way, exit code that
   rank's (1 if it was 0);
 * each rank runs in a session of its own with SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 at
-  their defaults, and this process passes each of those on to every rank (Ctrl-C in the
-  terminal reaches the ranks once, through it); a second SIGINT kills them; if this process
-  is killed, so are they (``PR_SET_PDEATHSIG``);
+  their defaults, and this process passes each of those on to every rank's process group
+  (Ctrl-C in the terminal reaches the ranks once, through it); a second SIGINT kills them; if
+  this process is killed outright, so are the ranks (``PR_SET_PDEATHSIG``) — but not what they
+  started (hydra's proxies would kill those too);
+* MPI's name service (``MPI_Publish_name``, ``MPI_Lookup_name``) is served within the job;
+  ``MPI_Comm_spawn`` is answered with an error (the caller's MPI reports it), any other request
+  it does not know ends the job with a message;
 * rank 0 reads the standard input, the others ``/dev/null``; every rank writes to this
   process's standard output and error directly; each rank sees ``MPI_LOCALNRANKS`` and
   ``MPI_LOCALRANKID`` as under hydra. The job's PMI name (``kvsname``), which MPICH's
@@ -58,7 +64,7 @@ def _in_child(forker: int) -> None:  # (in each rank, between fork and exec)
 
 class Rank:
     def __init__(self, rank: int, n: int, argv: list[str], kvsname: str):
-        self.rank, self.buffer = rank, b""
+        self.rank, self.buffer, self.mcmd = rank, b"", None
         self.started = self.finalized = False  # (PMI ``init``; ``finalize``)
         self.pmi, theirs = socket.socketpair()
         env = {k: v for k, v in os.environ.items() if k not in ("PMI_PORT", "PMI_ID")}
@@ -79,7 +85,7 @@ class Rank:
 
 class Job:
     def __init__(self, n: int, argv: list[str]):
-        self.n, self.kvs, self.waiting = n, {}, set()
+        self.n, self.kvs, self.names, self.waiting = n, {}, {}, set()
         self.code, self.ending, self.interrupts = None, False, 0
         kvsname = f"kvs_{os.getpid()}_{os.urandom(8).hex()}"
         self.selector = selectors.DefaultSelector()
@@ -94,6 +100,23 @@ class Job:
 
     # ---- the ranks' requests (PMI-1: one line of ``key=value`` words each)
 
+    def multiline(self, rank: Rank, line: str) -> bool:
+        """A request of several lines (``mcmd=spawn`` ... ``endcmd``): gathered, then answered
+        with an error (this process manager starts no processes after the job's start) — MPI
+        reports it to the caller as ``MPI_Comm_spawn``'s failure. True if ``line`` was part of
+        one."""
+        if rank.mcmd is None and not line.startswith("mcmd="):
+            return False
+        if rank.mcmd is None:
+            rank.mcmd = line.split("=", 1)[1]
+        elif line == "endcmd":
+            cmd, rank.mcmd = rank.mcmd, None
+            print(f"{PREFIX} rank {rank.rank} called MPI_Comm_spawn, which the launcher's "
+                  "process manager does not serve (run the job with "
+                  "REPLICATE_PROCESS_MANAGER=hydra for that)", file=sys.stderr, flush=True)
+            self.reply(rank, f"cmd={cmd}_result rc=-1 msg=not_served_by_this_process_manager")
+        return True
+
     def serve(self, rank: Rank) -> None:
         try:
             data = rank.pmi.recv(65536)
@@ -105,7 +128,9 @@ class Job:
         rank.buffer += data
         while b"\n" in rank.buffer:
             line, rank.buffer = rank.buffer.split(b"\n", 1)
-            self.request(rank, line.decode(errors="replace"))
+            text = line.decode(errors="replace")
+            if not self.multiline(rank, text):
+                self.request(rank, text)
 
     def request(self, rank: Rank, line: str) -> None:
         words = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -135,13 +160,24 @@ class Job:
         elif cmd == "finalize":
             rank.finalized = True
             self.reply(rank, "cmd=finalize_ack rc=0")
+        elif cmd == "publish_name" and "service" in words:  # (MPI's name service, this job's)
+            self.names[words["service"]] = words.get("port", "")
+            self.reply(rank, "cmd=publish_result rc=0")
+        elif cmd == "unpublish_name" and "service" in words:
+            found = self.names.pop(words["service"], None) is not None
+            self.reply(rank, "cmd=unpublish_result rc=0" if found else
+                       "cmd=unpublish_result rc=-1 msg=service_not_published")
+        elif cmd == "lookup_name" and "service" in words:
+            port = self.names.get(words["service"])
+            self.reply(rank, f"cmd=lookup_result rc=0 port={port}" if port is not None else
+                       "cmd=lookup_result rc=-1 msg=service_not_found")
         elif cmd == "abort":
             code = words.get("exitcode", "1")
             self.end(int(code) if code.lstrip("-").isdigit() else 1)
         else:
             print(f"{PREFIX} rank {rank.rank} asked the process manager for {line!r}, which it "
-                  "does not serve (PMI-1 start-up only: no MPI_Comm_spawn, no name service); "
-                  "ending the job. Run it with REPLICATE_PROCESS_MANAGER=hydra.",
+                  "does not serve; ending the job. Run it with "
+                  "REPLICATE_PROCESS_MANAGER=hydra.",
                   file=sys.stderr, flush=True)
             self.end(1)
 
@@ -196,10 +232,12 @@ class Job:
         self.signal(signal.SIGKILL)
 
     def signal(self, sig) -> None:
-        for rank in self.live:
+        """``sig`` to every rank's process group (each rank leads one: what it started too,
+        as hydra signals them), the ranks that have ended included (what they left running)."""
+        for rank in self.ranks:
             try:
-                rank.proc.send_signal(sig)
-            except OSError:
+                os.killpg(rank.proc.pid, sig)
+            except OSError:  # (nothing left in that group)
                 pass
 
     def interrupted(self, sig, _frame) -> None:

@@ -251,36 +251,51 @@ def supervise(proc, folder: str, n: int, exits: Exits, poll: float = 0.1,
     start-up). Returns the job's exit code and, for a failed job, the rank that ended it
     (``ending.culprit``). ``others()``: the records of ranks on other hosts, fetched once the
     job has ended (``remote.fetch``)."""
-    gone_since = None
-    while proc.poll() is None:
-        try:
-            exits.wait(poll)
-        except KeyboardInterrupt:  # mpiexec got the same Ctrl-C and ends the ranks
+    gone_since = []
+    while True:
+        try:  # (a Ctrl-C may land anywhere in here: mpiexec got it too and ends the ranks)
+            if proc.poll() is not None:
+                break
+            ended = _watch(proc, folder, exits, poll, gone_since)
+        except KeyboardInterrupt:
             if stopped is not None:
                 stopped.append(True)  # (the user's: not restarted)
             continue
-        if not exits.ended:
-            continue
-        records = status.read(folder)
-        gone = {r: records[r] for r in exits.ended
-                if r in records and records[r]["state"] != status.DONE}
-        if not gone:
-            continue
-        gone_since = gone_since or time.monotonic()
-        if time.monotonic() - gone_since > GRACE and proc.poll() is None:
-            r, rec = min(gone.items())
-            print(f"{PREFIX} rank {r} ({status.STATE_NAMES.get(rec['state'], '?')}, "
-                  f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
-                  "ending it", file=sys.stderr, flush=True)
-            _end(proc)
-            return 1, {"rank": r, "host": rec["host"], "step": rec["step"], "why": rec["why"]
-                       or "gone, and mpiexec did not end the job"}
+        if ended is not None:
+            return ended
     exits.wait(0)
     records = {**others(), **status.read(folder)}
     code, message = verdict(proc.returncode, records, n, exits.first(), exits.together())
     if message:
         print(message, file=sys.stderr, flush=True)
     return code, (culprit(records, exits.first(), exits.together(), n) if code else None)
+
+
+def _watch(proc, folder, exits, poll, gone_since):
+    """One look at the job: ``(1, cause)`` once it has been ended here (a rank gone for
+    ``GRACE`` seconds and mpiexec has not ended the job), else None. ``gone_since``: when a
+    rank was first seen gone (kept between calls)."""
+    exits.wait(poll)
+    if not exits.ended:
+        return None
+    records = status.read(folder)
+    gone = {r: records[r] for r in exits.ended
+            if r in records and records[r]["state"] != status.DONE}
+    if not gone:
+        return None
+    if not gone_since:
+        gone_since.append(time.monotonic())
+    if time.monotonic() - gone_since[0] <= GRACE or proc.poll() is not None:
+        return None
+    first = exits.first()
+    r = first if first in gone else min(gone)  # (the rank seen to end first, if one was)
+    rec = gone[r]
+    print(f"{PREFIX} rank {r} ({status.STATE_NAMES.get(rec['state'], '?')}, "
+          f"{_at(rec)}) is gone and mpiexec did not end the job in {GRACE:g} s; "
+          "ending it", file=sys.stderr, flush=True)
+    _end(proc)
+    return 1, {"rank": r, "host": rec["host"], "step": rec["step"], "why": rec["why"]
+               or "gone, and mpiexec did not end the job"}
 
 
 def _end(proc):

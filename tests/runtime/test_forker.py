@@ -58,13 +58,58 @@ while data.count(b"\\n") < 2:
 print(data.decode().split("kvsname=")[1].split()[0])
 """
 
-SPAWN = """
+UNKNOWN = """
 import os, socket
 s = socket.socket(fileno=int(os.environ["PMI_FD"]))
 s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\\n")
 s.recv(4096)
-s.sendall(b"mcmd=spawn\\nnprocs=1\\n")
+s.sendall(b"cmd=frobnicate\\n")
 s.recv(4096)
+"""
+
+NAMES = """
+import sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    MPI.Publish_name("svc", "port-of-rank-0")
+comm.Barrier()
+found = MPI.Lookup_name("svc")
+comm.Barrier()
+if comm.rank == 0:
+    MPI.Unpublish_name("svc", "port-of-rank-0")
+comm.Barrier()
+try:
+    MPI.Lookup_name("svc")
+    gone = "still there"
+except MPI.Exception:
+    gone = "gone"
+sys.stdout.write(f"{comm.rank} {found} {gone}\\n")
+sys.stdout.flush()
+"""
+
+SPAWN = """
+import sys
+from mpi4py import MPI
+MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
+try:
+    MPI.COMM_SELF.Spawn(sys.executable, ["-c", "pass"], maxprocs=1)
+    print("spawned")
+except MPI.Exception:
+    print("refused")
+"""
+
+CHILDREN = """
+import os, subprocess, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+sys.stdout.write(f"child {child.pid}\\n")
+sys.stdout.flush()
+comm.Barrier()
+if comm.rank == 1:
+    comm.Abort(3)
+time.sleep(60)
 """
 
 
@@ -122,10 +167,43 @@ def test_the_jobs_pmi_name_is_random():
     assert secret[0] != secret[1] and all(len(s) == 16 for s in secret), names
 
 
-def test_a_request_it_does_not_serve_ends_the_job_with_a_reason():
-    result = forker(2, SPAWN, timeout=30)
+def test_a_request_it_does_not_know_ends_the_job_with_a_reason():
+    result = forker(2, UNKNOWN, timeout=30)
     assert result.returncode == 1 and "does not serve" in result.stderr, report(result)
     assert "REPLICATE_PROCESS_MANAGER=hydra" in result.stderr
+
+
+@mpi
+def test_mpis_name_service_works_within_the_job():
+    result = forker(2, NAMES, timeout=30)
+    assert result.returncode == 0, report(result)
+    assert sorted(result.stdout.split("\n")[:2]) == ["0 port-of-rank-0 gone",
+                                                      "1 port-of-rank-0 gone"], report(result)
+
+
+@mpi
+def test_spawn_is_refused_as_an_mpi_error_said_once():
+    result = forker(1, SPAWN, timeout=30)
+    assert result.returncode == 0 and result.stdout.strip() == "refused", report(result)
+    assert result.stderr.count("MPI_Comm_spawn") == 1, report(result)
+
+
+@mpi
+def test_what_the_ranks_started_goes_with_a_failed_job():
+    """Rank 1 aborts: every rank's process group is killed, the processes they started too (a
+    child holding the job's output would keep a pipe like ``| tee log`` open)."""
+    with exclusive():
+        proc = subprocess.Popen([sys.executable, "-I", "-S", FORKER, "-n", "2", sys.executable,
+                                 "-c", CHILDREN], env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            children = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
+            assert proc.wait(timeout=30) == 3
+            assert _gone(children), f"the ranks' children {children} outlived the job"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.stdout.close()
 
 
 def _started(code, *args):

@@ -83,3 +83,25 @@ def test_gpu_environment_keeps_what_the_user_set():
     env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     gpu_environment(env)
     assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"
+
+
+def test_a_ctrl_c_anywhere_in_the_watch_loop_is_the_users_stop(tmp_path):
+    """The launcher's loop may take Ctrl-C in any call (here the job's poll), not only while it
+    waits: the job was stopped by the user (not restarted), and no traceback escapes."""
+    from replicate.launch import launcher
+
+    class Job:  # the first poll is interrupted, then the job has ended with code 0
+        calls, returncode = 0, 0
+
+        def poll(self):
+            Job.calls += 1
+            if Job.calls == 1:
+                raise KeyboardInterrupt
+            return 0
+
+    exits, stopped = launcher.Exits(str(tmp_path)), []
+    try:
+        assert launcher.supervise(Job(), str(tmp_path), 1, exits, stopped=stopped) == (0, None)
+    finally:
+        exits.close()
+    assert stopped == [True] and Job.calls >= 2
