@@ -24,10 +24,10 @@ from .backends import get_backend
 from .compiler import CompileOptions, compile_step
 from .errors import ReplicateError, function_location
 from .graph.core import Array
-from .graph.trace import signature
+from .graph.trace import signature, signature_of
 from .interop import as_kind, device_kind
 from .numpy import as_array
-from .step import StepCache, batch_leaves
+from .step import StepCache, fed_leaves
 
 MODES = ("graph", "eager")
 
@@ -78,12 +78,13 @@ class Function:
         if self.mode == "eager":
             args = tree.tree_map(lambda x: x if isinstance(x, str) else as_array(x), args)
             return tree.tree_map(to_numpy, self.fn(*args))
-        step = self._entry(args)
+        flat, treedef = tree.flatten(args)  # (once: the key, the feed, the kind)
+        step = self._entry(args, signature_of(flat, treedef))
         agreement = self._per_thread.agreements[id(step)]
         if agreement is not None:  # its collectives span the processes: they agree first
             agreement()
-        leaves = batch_leaves([args], step.device)
-        kind = device_kind(tree.flatten(args)[0])  # given CuPy/JAX arrays: return them
+        leaves = fed_leaves(flat, step.device)
+        kind = device_kind(flat)  # given CuPy/JAX arrays: return them
         (results,) = step(leaves, on_device=kind is not None)
         if kind is not None:
             results = self._as_kind(step, results, kind)
@@ -98,8 +99,8 @@ class Function:
         return [as_kind(x, kind, device.to_host if device is not None else np.asarray)
                 for x in results]
 
-    def _entry(self, args):
-        key = signature(args)
+    def _entry(self, args, key=None):
+        key = signature(args) if key is None else key
         step = self.cache.find(key)
         if step is None:  # a new signature, or state the last trace read has changed
             step = self._compile(args)

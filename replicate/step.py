@@ -114,10 +114,15 @@ def trace_step(fn, batches, contexts=None, prefix=None, placement=None) -> Graph
 def batch_leaves(batches, device=None) -> list:
     """The arrays a compiled step is fed: every replica's batch leaves, as NumPy arrays (those of
     ``device``, a device backend's ``Device``, as they are: no copy through the host)."""
+    return [x for b in batches for x in fed_leaves(tree.flatten(b)[0], device)]
+
+
+def fed_leaves(leaves, device=None) -> list:
+    """``batch_leaves`` of one batch already flattened (``tree.flatten``)."""
     return [x if device is not None and (device.is_array(x) or is_foreign(x)) else
             from_foreign(x) if is_foreign(x) else
             np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-            for b in batches for x in tree.flatten(b)[0] if not isinstance(x, (str, bytes))]
+            for x in leaves if not isinstance(x, (str, bytes))]
 
 
 class StepCache:

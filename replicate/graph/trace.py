@@ -168,7 +168,11 @@ def active(trace: Trace):
 
 def signature(args) -> tuple:
     """The cache key of a call: nest structure plus (shape, dtype) of each leaf."""
-    leaves, treedef = tree.flatten(args)
+    return signature_of(*tree.flatten(args))
+
+
+def signature_of(leaves, treedef) -> tuple:
+    """``signature`` of a nest already flattened (``tree.flatten``)."""
     return treedef, tuple(_leaf_key(x) for x in leaves)
 
 
