@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -90,17 +91,13 @@ def _start(go, **extra):
 def _ready(proc, seen: list) -> list[str]:
     """The ranks' two ``ready`` lines; meanwhile, from the launch on, every TCP listener of
     the job's processes is added to ``seen``."""
-    lines = []
-    os.set_blocking(proc.stdout.fileno(), False)
+    fd, text = proc.stdout.fileno(), b""  # (read from the descriptor: no buffer in between)
     deadline = time.monotonic() + 60
-    while len(lines) < 2 and time.monotonic() < deadline and proc.poll() is None:
+    while text.count(b"\n") < 2 and time.monotonic() < deadline and proc.poll() is None:
         seen.extend(x for x in _listeners(_tree(proc.pid)) if x not in seen)
-        chunk = proc.stdout.readline()
-        if chunk:
-            lines.append(chunk)
-        else:
-            time.sleep(0.01)
-    os.set_blocking(proc.stdout.fileno(), True)
+        if select.select([fd], [], [], 0.01)[0]:
+            text += os.read(fd, 4096)
+    lines = text.decode().splitlines(keepends=True)
     return lines
 
 
