@@ -43,12 +43,18 @@ class Group:
         self.index, self.shapes = index, shapes
         self.bounds = np.cumsum([0] + [int(np.prod(s)) for s in shapes]).tolist()
         self.size = self.bounds[-1]
+        self._split = {}  # key -> (flat, its pieces): the last ``split`` under each key
 
-    def flat(self, values, dtype) -> np.ndarray:
+    def flat(self, values, dtype, key=None) -> np.ndarray:
         """``values`` (one per parameter, in order) as one 1-D ``dtype`` array: the buffer
-        they are pieces of when they tile it in order (what the last update left), else a copy."""
+        they are pieces of when they tile it in order (what the last update left), else a copy.
+        ``key``: the one ``split`` gave under that key, while ``values`` are its pieces."""
         if len(values) == 1:
             return np.asarray(values[0], dtype).reshape(-1)
+        last = self._split.get(key) if key is not None else None
+        if last is not None and last[0].dtype == dtype \
+                and all(v is piece for v, piece in zip(values, last[1])):
+            return last[0]  # (the pieces a ``split`` made, each still where it was put)
         base = values[0].base
         if base is not None and base.ndim == 1 and base.dtype == dtype \
                 and base.size == self.size and base.flags.c_contiguous:
@@ -59,9 +65,13 @@ class Group:
                 return base
         return np.concatenate([np.asarray(v, dtype).reshape(-1) for v in values])
 
-    def split(self, flat) -> list:
-        return [flat[lo:hi].reshape(shape)
-                for lo, hi, shape in zip(self.bounds, self.bounds[1:], self.shapes)]
+    def split(self, flat, key=None) -> list:
+        """``flat``'s pieces, one per parameter (views); ``key``: kept for ``flat``."""
+        pieces = [flat[lo:hi].reshape(shape)
+                  for lo, hi, shape in zip(self.bounds, self.bounds[1:], self.shapes)]
+        if key is not None and len(pieces) > 1:
+            self._split[key] = (flat, pieces)
+        return pieces
 
 
 class FlatSlot:
@@ -72,10 +82,10 @@ class FlatSlot:
 
     def values(self) -> np.ndarray:
         return self.group.flat([v.read().value for v in self.variables],
-                               self.variables[0].dtype)
+                               self.variables[0].dtype, key=id(self.variables[0]))
 
     def assign(self, flat) -> None:
-        for var, piece in zip(self.variables, self.group.split(flat)):
+        for var, piece in zip(self.variables, self.group.split(flat, key=id(self.variables[0]))):
             var.assign(piece)
 
 

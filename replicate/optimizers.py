@@ -136,7 +136,8 @@ class Optimizer(TraceKeyed):
             lr = xp.value(rnp.as_array(lr))
         grads = []
         for p, g in zip(self.params, leaves):
-            g = xp.value(rnp.as_array(g))
+            g = g.value if xp is _EAGER and type(g) is Array and g.value is not None else \
+                xp.value(rnp.as_array(g))
             if g.shape != p.shape:
                 raise ReplicateError(f"gradient for {p.name} has shape {g.shape}, parameter "
                                      f"{p.shape}")
@@ -156,7 +157,7 @@ class Optimizer(TraceKeyed):
         dtype = params[0].dtype
         work = compute_dtype(dtype)
         if group:
-            value = group.flat([xp.read(p) for p in params], dtype)
+            value = group.flat([xp.read(p) for p in params], dtype, key="params")
             g = group.flat([xp.cast(g, work) for g in grads], work)
         else:
             value, g = xp.read(params[0]), grads[0]
@@ -169,7 +170,7 @@ class Optimizer(TraceKeyed):
         if master is not None:
             master.assign(new)
         new = xp.cast(new, dtype)
-        for p, piece in zip(params, group.split(new) if group else [new]):
+        for p, piece in zip(params, group.split(new, key="params") if group else [new]):
             p.assign(piece)
 
     def _groups(self) -> list:

@@ -74,11 +74,8 @@ def value_of(var) -> np.ndarray:
     """The value this thread reads for ``var``: its own copy (``hooks.values``) or the
     variable's current value."""
     own = getattr(hooks, "values", None)
-    if own:
-        value = own.get(id(var))
-        if value is not None:
-            return value
-    return var.value
+    value = own.get(id(var)) if own else None
+    return var.value if value is None else value
 
 
 def note_input_thread_reads(variables) -> None:
@@ -262,30 +259,37 @@ class Variable:
 
     def assign(self, new) -> None:
         """Replace the value (shape must match; the dtype is kept)."""
+        held, region = self._host, getattr(hooks, "region", None)
+        if type(new) is np.ndarray and held is not None and (new.dtype, new.shape) == (
+                held.dtype, held.shape) and region is None and current_trace() is None \
+                and not self.per_replica and self.shard is None:
+            return self._write(new)  # (an eager update's own array: nothing to convert)
         new = as_array(new)
         if new.shape != self.shape:
             raise ReplicateError(
                 f"assign to variable {self.name!r}: shape {new.shape} != {self.shape}")
         if new.dtype != self.value.dtype:
             new = cast(new, self.value.dtype)
-        region = getattr(hooks, "region", None)
         if region is not None and region.assign(self, new):
             return
         trace = current_trace()
         if trace is not None:
             trace.write_variable(self, new)
             return
+        if self.per_replica:  # (outside a step: every replica of this process)
+            self._write(np.repeat(new.value[None], self.value.shape[0], axis=0))
+            self._fresh = False
+        elif self.shard is not None:  # (outside a step: this process's slice of it)
+            self._write(self.shard.part(new.value))
+        else:
+            self._write(new.value)
+
+    def _write(self, value: np.ndarray) -> None:
+        """An eager write of ``value`` (this variable's shape and dtype, on the host)."""
         remember = getattr(hooks, "write", None)
         if remember:  # (False: a Replicator without check_finite)
             remember(self)
-        if self.per_replica:  # (outside a step: every replica of this process)
-            self.value = np.repeat(new.value[None], self.value.shape[0], axis=0)
-            self._fresh = False
-        elif self.shard is not None:  # (outside a step: this process's slice of it)
-            self.value = self.shard.part(new.value)
-        else:
-            self.value = new.value
-        self._eager = None  # the next read starts a fresh tape leaf
+        self._host, self._device, self._away, self._eager = value, None, None, None
 
     def load(self, value, device=None, in_place: bool = False) -> None:
         """Replace the value from outside any step (a compiled step writing its update back, a
