@@ -62,8 +62,13 @@ HOST_IN_JIT = True
 # convolutions, so the code ran as fast, and the conv GAN's first step (its compile) took less:
 # 3.39 / 3.51 / 3.31 s against 4.00 / 3.86 / 4.96 s, steady step 48.0 / 50.3 / 47.8 against
 # 47.9 / 47.6 / 55.6 ms, the MLP step alike, the same losses to the bit (bench/RESULTS.md).
-# ``{}``: XLA's defaults.
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+# ``{}``: XLA's defaults. And without XLA's algebraic simplifier (``algsimp``), which rewrites
+# float arithmetic as if it were real: a bool mask times ``x`` became a select (NaN and inf
+# where the mask is off became 0), chains of constants were folded into one (``(x * 1e30) *
+# 1e10`` overflowed), ``x / c`` became ``x * (1 / c)`` (1 ulp off), ``log(exp(x))`` became ``x``:
+# silent differences from NumPy (``tests/backends/test_jax_ieee.py``). It cost the conv net's
+# step ~7 %, the small GPT's ~4 %, the MLP's nothing (bench/RESULTS.md, session 12).
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_disable_hlo_passes": "algsimp"}
 # A packed gradient bucket's parts go to its callbacks as separate buffers, not concatenated by
 # XLA (``jax_host.Parts``). False: the packed bucket (for comparing the two).
 UNPACK_BUCKETS = True

@@ -310,8 +310,26 @@ def _attention_weights(q, k, *mask, scale, causal, masking):
     return s / jnp.sum(s, axis=-1, keepdims=True)
 
 
+def _sign(x):
+    """NumPy's sign: +0.0 for -0.0 (XLA keeps the zero's sign)."""
+    out = jnp.sign(x)
+    return jnp.where(out == 0, jnp.zeros((), out.dtype), out) if jnp.issubdtype(
+        out.dtype, jnp.floating) else out
+
+
+def _mod(a, b):
+    """NumPy's remainder: a float remainder of 0 takes the divisor's sign (XLA: the
+    dividend's)."""
+    out = jnp.remainder(a, b)
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        return out
+    return jnp.where(out == 0, jnp.copysign(jnp.zeros((), out.dtype), b), out)
+
+
 # the reference rows applied to jax.numpy, and where JAX must be told to match NumPy
 JAX = reference.table(jnp, "jax", {
+    "sign": _sign,
+    "mod": _mod,
     "div": _div,
     "cast": _cast,
     "logistic": jax.nn.sigmoid,

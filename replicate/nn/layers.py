@@ -159,6 +159,11 @@ class BatchNorm(Module):
     R*B (equal per-replica batch sizes assumed). Otherwise each replica normalises with its own
     batch; the running averages are still averaged over replicas so that all replicas keep the
     same state.
+
+    The batch variance is the mean squared deviation from the batch mean (across replicas:
+    from the global mean, a second exchange), never ``E[x^2] - E[x]^2``, which cancels in
+    float32 for features far from zero. The running variance averages that biased variance
+    (Flax's choice; PyTorch's ``BatchNorm2d`` averages the unbiased one).
     """
 
     def __init__(self, num_features, momentum=0.1, eps=1e-5, cross_replica=False,
@@ -177,11 +182,17 @@ class BatchNorm(Module):
         axes = (0,) + tuple(range(2, x.ndim))
         shape = (1, -1) + (1,) * (x.ndim - 2)
         if self.training:
+            # the variance from the deviations (two passes), never E[x^2] - E[x]^2: that cancels
+            # in float32 once the mean is large against the spread (at a mean of 3000 and a
+            # spread of 1 the variance came out 0). Across replicas: the global mean first,
+            # then the mean of the squared deviations from it — two exchanges, each exact
             mean = rnp.mean(x, axis=axes)
-            mean_sq = rnp.mean(x * x, axis=axes)
             if self.cross_replica:
-                mean, mean_sq = all_reduce((mean, mean_sq), "mean")
-            var = rnp.maximum(mean_sq - mean * mean, 0.0)
+                mean = all_reduce(mean, "mean")
+            centred = x - rnp.reshape(mean, shape)
+            var = rnp.mean(centred * centred, axis=axes)
+            if self.cross_replica:
+                var = all_reduce(var, "mean")
             run_mean, run_var = mean, var
             if not self.cross_replica and num_replicas() > 1:
                 run_mean, run_var = all_reduce((mean, var), "mean")
@@ -192,9 +203,9 @@ class BatchNorm(Module):
                                     + m * rnp.stop_gradient(run_var))
         else:
             mean, var = self.running_mean.read(), self.running_var.read()
+            centred = x - rnp.reshape(mean, shape)
         inv = rnp.rsqrt(var + self.eps) * self.weight
-        return (x - rnp.reshape(mean, shape)) * rnp.reshape(inv, shape) \
-            + rnp.reshape(self.bias.read(), shape)
+        return centred * rnp.reshape(inv, shape) + rnp.reshape(self.bias.read(), shape)
 
 
 class Dropout(Module):

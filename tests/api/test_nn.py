@@ -964,3 +964,18 @@ def test_dropout_differs_per_replica_and_per_step():
             # independent draws agree on ~ (1-rate)^2 + rate^2 of the entries, not all
             agree = (flat[i] == flat[j]).mean()
             assert abs(agree - ((1 - rate) ** 2 + rate ** 2)) < 0.05
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batchnorm_float32_with_a_large_mean_normalises(mode):
+    """float32 features far from zero (a mean of 3000, a spread of 1): the batch variance comes
+    from the deviations, so the output has unit spread; E[x^2] - E[x]^2 cancelled to 0 there
+    and scaled the output by ~300."""
+    rng = rng_for("bn-large-mean")
+    x = (rng.standard_normal((64, 3)) + 3000.0).astype(np.float32)
+    layer = rp.nn.BatchNorm(3)
+    y = np.asarray(rp.function(layer, mode=mode)(x), np.float64)
+    x64 = x.astype(np.float64)
+    want = (x64 - x64.mean(0)) / np.sqrt(x64.var(0) + 1e-5)
+    np.testing.assert_allclose(y, want, atol=2e-3)
+    np.testing.assert_allclose(layer.running_var.numpy(), 0.9 + 0.1 * x64.var(0), rtol=1e-3)
