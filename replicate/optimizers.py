@@ -197,11 +197,12 @@ class Optimizer(TraceKeyed):
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, Nesterov and weight decay."""
+    """Stochastic gradient descent with optional momentum, Nesterov and weight decay
+    (PyTorch's ``SGD`` and its default rate, 1e-3)."""
 
     eager_numpy = True
 
-    def __init__(self, params, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0,
+    def __init__(self, params, lr=1e-3, momentum=0.0, nesterov=False, weight_decay=0.0,
                  master_weights=None):
         super().__init__(params, lr, master_weights)
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
@@ -277,11 +278,12 @@ class AdamW(Adam):
 
 
 class RMSProp(Optimizer):
-    """RMSProp (Hinton), optionally with momentum."""
+    """RMSProp (Tieleman & Hinton), optionally with momentum: PyTorch's ``RMSprop`` (``decay`` is
+    its ``alpha``; the same defaults), the rate applied to the momentum buffer, not inside it."""
 
     eager_numpy = True
 
-    def __init__(self, params, lr=1e-3, decay=0.9, eps=1e-8, momentum=0.0, master_weights=None):
+    def __init__(self, params, lr=1e-2, decay=0.99, eps=1e-8, momentum=0.0, master_weights=None):
         super().__init__(params, lr, master_weights)
         self.decay, self.eps, self.momentum = decay, eps, momentum
         self.ms = self.slot("ms")
@@ -292,11 +294,11 @@ class RMSProp(Optimizer):
         xp = self.xp
         ms = self.decay * xp.read(self.ms[i]) + (1 - self.decay) * g * g
         self.ms[i].assign(ms)
-        delta = lr * g / (xp.sqrt(ms) + self.eps)
+        delta = g / (xp.sqrt(ms) + self.eps)
         if self.momentum:
             delta = self.momentum * xp.read(self.mom[i]) + delta
             self.mom[i].assign(delta)
-        return p - delta
+        return xp.minus(p, lr * delta)
 
 
 class Adagrad(AdagradRule, Optimizer):

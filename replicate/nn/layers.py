@@ -139,16 +139,28 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
-    """Normalise over the last axis, then scale and shift."""
+    """Normalise over the last axis, then scale and shift. ``dim``: that axis's size (an int,
+    or PyTorch's ``normalized_shape`` of one entry); several trailing axes are an error, not
+    the last one alone: reshape them into one first."""
 
     def __init__(self, dim, eps=1e-5, dtype=np.float32):
         super().__init__()
+        shape = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+        if len(shape) != 1 or not isinstance(shape[0], (int, np.integer)) or shape[0] < 1:
+            raise ReplicateError(
+                f"LayerNorm({dim!r}): normalises over the last axis, whose size is one positive "
+                "int; for several trailing axes reshape them into one (x.reshape(*lead, -1)) "
+                "and use LayerNorm(their product)")
         self.eps = eps
-        self.weight = Variable(np.ones(dim, dtype))
-        self.bias = Variable(np.zeros(dim, dtype))
+        self.weight = Variable(np.ones(shape, dtype))
+        self.bias = Variable(np.zeros(shape, dtype))
 
     def forward(self, x):
-        return layer_norm(rnp.as_array(x), self.weight, self.bias, self.eps)
+        x = rnp.as_array(x)
+        if x.ndim < 1 or x.shape[-1] != self.weight.shape[0]:
+            raise ReplicateError(f"LayerNorm({self.weight.shape[0]}) got input {x.shape}: its "
+                                 "last axis is the one normalised")
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class BatchNorm(Module):
@@ -160,10 +172,11 @@ class BatchNorm(Module):
     batch; the running averages are still averaged over replicas so that all replicas keep the
     same state.
 
-    The batch variance is the mean squared deviation from the batch mean (across replicas:
-    from the global mean, a second exchange), never ``E[x^2] - E[x]^2``, which cancels in
-    float32 for features far from zero. The running variance averages that biased variance
-    (Flax's choice; PyTorch's ``BatchNorm2d`` averages the unbiased one).
+    The batch variance is the mean squared deviation from the batch mean, never ``E[x^2] -
+    E[x]^2``, which cancels in float32 for features far from zero (across replicas: each
+    replica's, combined in float64 with the variance of the replicas' means, one exchange).
+    The running variance averages that biased variance (Flax's choice; PyTorch's
+    ``BatchNorm2d`` averages the unbiased one).
     """
 
     def __init__(self, num_features, momentum=0.1, eps=1e-5, cross_replica=False,
@@ -184,15 +197,19 @@ class BatchNorm(Module):
         if self.training:
             # the variance from the deviations (two passes), never E[x^2] - E[x]^2: that cancels
             # in float32 once the mean is large against the spread (at a mean of 3000 and a
-            # spread of 1 the variance came out 0). Across replicas: the global mean first,
-            # then the mean of the squared deviations from it — two exchanges, each exact
+            # spread of 1 the variance came out 0)
             mean = rnp.mean(x, axis=axes)
-            if self.cross_replica:
-                mean = all_reduce(mean, "mean")
             centred = x - rnp.reshape(mean, shape)
             var = rnp.mean(centred * centred, axis=axes)
             if self.cross_replica:
-                var = all_reduce(var, "mean")
+                # one exchange: each replica's mean, variance and squared mean, in float64; the
+                # whole batch's variance is the replicas' mean variance plus the variance of
+                # their means (equal batches), whose cancellation float64 makes harmless
+                m, v = rnp.cast(mean, np.float64), rnp.cast(var, np.float64)
+                m, v, m2 = all_reduce((m, v, m * m), "mean")
+                mean = rnp.cast(m, mean.dtype)
+                var = rnp.cast(v + rnp.maximum(m2 - m * m, 0.0), var.dtype)
+                centred = x - rnp.reshape(mean, shape)
             run_mean, run_var = mean, var
             if not self.cross_replica and num_replicas() > 1:
                 run_mean, run_var = all_reduce((mean, var), "mean")

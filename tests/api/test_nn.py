@@ -274,6 +274,21 @@ def test_layernorm(mode, shape):
     check_layer(layer, layernorm_ref, [x], mode, name=f"layernorm{shape}")
 
 
+def test_layernorm_takes_one_axis_and_says_so_for_more():
+    """PyTorch's ``normalized_shape`` of one entry is the int; two entries normalised only the
+    last axis before (a (3, 4) weight broadcast over it), silently: now an error, as is an
+    input whose last axis is not the layer's."""
+    x = np.arange(24.0).reshape(2, 3, 4)
+    one = rp.nn.LayerNorm((4,), dtype=F64)
+    np.testing.assert_allclose(one(x).numpy(), rp.nn.LayerNorm(4, dtype=F64)(x).numpy())
+    for bad in [(3, 4), (), 0, 2.5]:
+        with pytest.raises(rp.ReplicateError, match="LayerNorm"):
+            rp.nn.LayerNorm(bad)
+    for layer, x in [(rp.nn.LayerNorm(1), np.ones((2, 5))), (rp.nn.LayerNorm(4), np.ones(3))]:
+        with pytest.raises(rp.ReplicateError, match="last axis"):
+            layer(x)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_layernorm_eps(mode):
     layer = rp.nn.LayerNorm(4, eps=0.5, dtype=F64)
@@ -859,6 +874,27 @@ def test_cross_replica_batchnorm_equals_batchnorm_on_the_whole_batch(k):
     np.testing.assert_allclose(bn.running_var.numpy(), big.running_var.numpy(), rtol=1e-12)
     np.testing.assert_allclose(bn.running_mean.numpy(), run_mean, rtol=1e-12)
     np.testing.assert_allclose(bn.running_var.numpy(), run_var, rtol=1e-12)
+
+
+def test_cross_replica_batchnorm_float32_with_a_large_mean_normalises():
+    """Across 4 replicas, float32 features at a mean of 3000 with replica means apart: the
+    statistics are each replica's (from its deviations) combined in float64, so the output is
+    the whole batch's normalisation (E[x^2] - E[x]^2 across replicas gave a variance of 0)."""
+    k, B = 4, 16
+    rng = rng_for("xbn-large-mean")
+    x = (rng.standard_normal((k * B, 3)) + 3000.0 + np.repeat(np.arange(k), B)[:, None] * 0.5)
+    x = x.astype(np.float32)
+    bn = rp.nn.BatchNorm(3, cross_replica=True)
+
+    def input_fn(ctx):
+        yield x[ctx.replica_id * B:(ctx.replica_id + 1) * B]
+
+    rep = rp.Replicator(input_fn, lambda xb: bn(xb), replicas_per_rank=k,
+                        outputs="per_replica")
+    y = np.asarray(rep.run(steps=1)[0], np.float64).reshape(k * B, 3)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(y, (x64 - x64.mean(0)) / np.sqrt(x64.var(0) + 1e-5), atol=3e-3)
+    np.testing.assert_allclose(bn.running_var.numpy(), 0.9 + 0.1 * x64.var(0), rtol=1e-3)
 
 
 def test_per_replica_batchnorm_normalises_each_replica_alone():

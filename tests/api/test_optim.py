@@ -70,7 +70,7 @@ class AdamRef:
 
 
 class RMSPropRef:
-    def __init__(self, lr, decay=0.9, eps=1e-8, momentum=0.0):
+    def __init__(self, lr, decay=0.99, eps=1e-8, momentum=0.0):
         self.lr, self.decay, self.eps, self.momentum = lr, decay, eps, momentum
 
     def init(self, params):
@@ -84,11 +84,11 @@ class RMSPropRef:
         for i, (p, g) in enumerate(zip(params, grads)):
             ms = self.decay * state["ms"][i] + (1 - self.decay) * g * g
             state["ms"][i] = ms
-            delta = self.lr * g / (np.sqrt(ms) + self.eps)
+            delta = g / (np.sqrt(ms) + self.eps)
             if self.momentum:
                 delta = self.momentum * state["mom"][i] + delta
                 state["mom"][i] = delta
-            out.append(p - delta)
+            out.append(p - self.lr * delta)
         return out
 
 

@@ -57,6 +57,25 @@ def _adadelta(init, grads, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0):
                                       "acc_delta": [v.copy() for v in Ed]}
 
 
+def _rmsprop(init, grads, lr=1e-2, alpha=0.99, eps=1e-8, momentum=0.0, lr_at=None):
+    """Tieleman & Hinton: E[g²] = α E[g²] + (1-α) g²; b = μ b + g / (√E[g²] + ε);
+    p -= lr_t b (without momentum b is the scaled gradient). The rate multiplies the buffer,
+    not what goes into it (PyTorch's algorithm and defaults)."""
+    p = [v.copy() for v in init]
+    sq, buf = [np.zeros(v.shape) for v in init], [np.zeros(v.shape) for v in init]
+    for t, gs in enumerate(grads, start=1):
+        lr_t = lr if lr_at is None else lr_at(t)
+        for i, g in enumerate(gs):
+            sq[i] = alpha * sq[i] + (1 - alpha) * g * g
+            scaled = g / (np.sqrt(sq[i]) + eps)
+            buf[i] = momentum * buf[i] + scaled if momentum else scaled
+            p[i] = p[i] - lr_t * buf[i]
+        slots = {"ms": [v.copy() for v in sq]}
+        if momentum:
+            slots["mom"] = [v.copy() for v in buf]
+        yield [v.copy() for v in p], slots
+
+
 def _sgd_step_lr(init, grads, lr, step_size, gamma):
     """p -= lr γ^⌊(t-1)/step_size⌋ g."""
     p = [v.copy() for v in init]
@@ -89,8 +108,20 @@ OPTIMIZERS = {  # name: (ours, torch's, the NumPy reference, {our slot: torch's 
     "sgd-steplr": (lambda ps: rp.optim.SGD(ps, lr=rp.optim.StepLR(0.1, 2, gamma=0.5)),
                    lambda ps: torch.optim.SGD(ps, lr=0.1),
                    lambda init, gs: _sgd_step_lr(init, gs, 0.1, 2, 0.5), {}),
+    "sgd-defaults": (lambda ps: rp.optim.SGD(ps), lambda ps: torch.optim.SGD(ps),
+                     lambda init, gs: _sgd_step_lr(init, gs, 1e-3, 1, 1.0), {}),
+    "rmsprop-defaults": (lambda ps: rp.optim.RMSProp(ps), lambda ps: torch.optim.RMSprop(ps),
+                         _rmsprop, {"ms": "square_avg"}),
+    "rmsprop-momentum-steplr": (
+        lambda ps: rp.optim.RMSProp(ps, lr=rp.optim.StepLR(0.1, 2, gamma=0.3), decay=0.9,
+                                    momentum=0.9),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.1, alpha=0.9, momentum=0.9),
+        lambda init, gs: _rmsprop(init, gs, alpha=0.9, momentum=0.9,
+                                  lr_at=lambda t: 0.1 * 0.3 ** ((t - 1) // 2)),
+        {"ms": "square_avg", "mom": "momentum_buffer"}),
 }
-SCHEDULERS = {"sgd-steplr": lambda opt: T.StepLR(opt, 2, gamma=0.5)}
+SCHEDULERS = {"sgd-steplr": lambda opt: T.StepLR(opt, 2, gamma=0.5),
+              "rmsprop-momentum-steplr": lambda opt: T.StepLR(opt, 2, gamma=0.3)}
 
 
 def _data(dtype=np.float64):

@@ -361,7 +361,8 @@ def test_dependent_all_reduces_never_share_a_bucket():
 
 
 def test_batchnorm_statistics_travel_in_one_bucket():
-    # cross-replica BatchNorm reduces E[x] and E[x^2], independent of each other: one exchange
+    # cross-replica BatchNorm reduces each replica's mean, variance and squared mean (float64),
+    # independent of each other: one exchange
     bn = rp.nn.BatchNorm(4, cross_replica=True)
 
     def step(x):
@@ -369,13 +370,13 @@ def test_batchnorm_statistics_travel_in_one_bucket():
     graph = _two_process_graph(step, [np.ones((3, 4)), np.ones((3, 4))], k=2)
     g = compile_graph(graph, NULL, CompileOptions()).graph
     starts = [n for n in g.nodes if n.prim == "comm_start"]
-    assert len(starts) == 1 and starts[0].out.size == 8
+    assert len(starts) == 1 and starts[0].out.size == 12
     validate(g)
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_batchnorm_statistics_of_a_training_step_travel_in_one_bucket_each_way(k):
-    """In a whole training step (the GAN example's generator, cut down) BatchNorm's two
+    """In a whole training step (the GAN example's generator, cut down) BatchNorm's three
     statistics share one exchange forward and their cotangents one backward, whatever the
     replicas per process: the rewrite emitted the combine of the mean right after the last
     replica's mean, and its 1/R scaling before that replica's mean of squares, which closed the
@@ -394,7 +395,7 @@ def test_batchnorm_statistics_of_a_training_step_travel_in_one_bucket_each_way(k
     g = compile_graph(graph, NULL, CompileOptions()).graph
     validate(g)
     sizes = sorted(n.out.size for n in g.nodes if n.prim == "comm_start")
-    assert sizes == [16, 16, 4 * 8 + 8], sizes  # (mean, mean_sq) both ways; the gradients
+    assert sizes == [24, 24, 4 * 8 + 8], sizes  # (mean, var, mean^2) both ways; the gradients
 
 
 def test_gradients_behind_batchnorm_all_reduces_share_one_bucket():
