@@ -16,8 +16,10 @@ from ..graph.conv import out_size
 from ..graph.core import bind
 from ..graph.primitives import parse_einsum
 from ._base import as_array, autocast_operands, float_operand, promote
-from ._elementwise import multiply
+from ._elementwise import equal, multiply, where
+from ._reductions import argmax
 from ._reductions import max as reduce_max
+from ._reductions import sum as reduce_sum
 from ._shape import broadcast_to, concatenate, expand_dims, pad, reshape, squeeze
 
 
@@ -196,7 +198,9 @@ def conv_transpose2d(x, w, stride=1, padding=0, output_padding=0, dilation=1):
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    """Max pooling over NCHW windows (padding counts as -inf, or the lowest integer)."""
+    """Max pooling over NCHW windows (padding counts as -inf, or the lowest integer); a
+    window's gradient goes to its first maximum (row-major; NaN counts as the maximum), as
+    PyTorch's."""
     x = as_array(x)
     kernel = _pair(kernel_size, "kernel_size")
     if is_float(x.dtype):
@@ -205,7 +209,14 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
         lowest = 0 if x.dtype.kind == "b" else np.iinfo(x.dtype).min
     cols, _ = _windows(x, kernel, _pair(stride or kernel_size, "stride"),
                        _pair(padding, "padding"), (1, 1), pad_value=lowest)
-    return reduce_max(cols, axis=2)
+    if not is_float(x.dtype):
+        return reduce_max(cols, axis=2)
+    # a window's gradient goes whole to its first maximum (PyTorch's rule; ``max``'s own would
+    # share it among tied entries): the entry a one-hot of the window's argmax picks, the others
+    # filled with -0.0 (x + -0.0 is x for every x: the sum is the maximum, to the bit)
+    first = equal(as_array(np.arange(cols.shape[2]).reshape(-1, 1, 1)),
+                  expand_dims(argmax(cols, axis=2), 2))
+    return reduce_sum(where(first, cols, as_array(-0.0, cols.dtype)), axis=2)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):

@@ -22,7 +22,7 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
-from conftest import column
+from conftest import column, optional_torch
 from replicate.backends import available
 
 RUNS = {"eager": dict(mode="eager"), "numpy": dict(mode="graph")}
@@ -30,6 +30,7 @@ if "jax" in available():
     RUNS["jax"] = dict(backend="jax")
 DTYPES = ["float32", "float64", "bfloat16"]  # eager: float32/64 take relu's kernel, bf16 not
 HAVE_JAX = importlib.util.find_spec("jax") is not None
+torch, needs_torch_kinks = optional_torch()
 
 X = np.array([-2.0, -0.0, 0.0, 0.5, 3.0, np.nan])
 A = np.array([1.0, 2.0, -0.0, 0.0, -1.5, np.inf, 4.0, np.nan])
@@ -112,6 +113,54 @@ def test_softplus_derivative_at_0_is_one_half(where):
 
     got, = _run(f, [x], where)
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+
+
+# a 1 x 1 x 4 x 4 image of ties: pooled 2 x 2 (stride 2) and 3 x 3 (stride 1, padded: windows
+# overlap, so an element gets what every window it is first in sends)
+POOL_X = np.array([[[[1.0, 1.0, 2.0, 0.0], [1.0, 0.5, 2.0, 2.0],
+                     [-0.0, 0.0, 3.0, np.nan], [0.0, -1.0, 3.0, 1.0]]]])
+POOL_CASES = {"2x2": dict(kernel_size=2), "3x3 overlapping": dict(kernel_size=3, stride=1,
+                                                                  padding=1)}
+
+
+def _first_max_grad(x, kernel_size, stride=None, padding=0):
+    """PyTorch's rule: each window's gradient (1 here) to its first maximum in row-major
+    order (NaN is the maximum), nothing to the other tied entries."""
+    k, s = kernel_size, stride or kernel_size
+    xp = np.pad(x[0, 0], padding, constant_values=-np.inf)
+    g = np.zeros_like(xp)
+    for i in range(0, xp.shape[0] - k + 1, s):
+        for j in range(0, xp.shape[1] - k + 1, s):
+            w = xp[i:i + k, j:j + k].ravel()
+            nan = np.flatnonzero(np.isnan(w))
+            first = int(nan[0]) if nan.size else int(np.argmax(w))
+            g[i + first // k, j + first % k] += 1.0
+    return g[padding:g.shape[0] - padding, padding:g.shape[1] - padding][None, None]
+
+
+@pytest.mark.parametrize("case", list(POOL_CASES))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("where", list(RUNS), ids=column)
+def test_max_pool_gives_a_windows_gradient_to_its_first_maximum(where, dtype, case):
+    """A window's tied maxima do not share its gradient: the first takes it all (PyTorch's
+    ``max_pool2d``; ``rnp.max``'s own rule, sharing, would give each a part)."""
+    kw = POOL_CASES[case]
+    x = POOL_X.astype(dtype)
+
+    def f(v):
+        return rnp.max_pool2d(v, **kw), rp.grad(rnp.sum(rnp.max_pool2d(v, **kw)), v)
+
+    out, g = _run(f, [x], where)
+    np.testing.assert_array_equal(g, _first_max_grad(POOL_X, **kw))
+    assert out.shape[:2] == (1, 1) and np.isnan(out).any()
+
+
+@needs_torch_kinks
+def test_the_pooling_rule_is_pytorchs():
+    for kw in POOL_CASES.values():
+        t = torch.tensor(POOL_X, requires_grad=True)
+        torch.nn.functional.max_pool2d(t, **kw).sum().backward()
+        np.testing.assert_array_equal(t.grad.numpy(), _first_max_grad(POOL_X, **kw))
 
 
 @pytest.mark.skipif(not HAVE_JAX, reason="jax not installed (the outside reference)")
