@@ -51,9 +51,15 @@ passes = ("const_fold", "cse", "dce", "bucketing")
 # the device before a call and foreign device arrays are copied here, so a donation never
 # touches the caller's arrays.
 DONATE: bool | None = None
-# Constants up to this size are literals in the compiled code (XLA folds them); larger ones
-# (a table or data set the step closes over) are moved to the device once and passed in.
+# Integer and bool constants up to this size are literals in the compiled code (XLA folds
+# them); larger ones (a table or data set the step closes over) are moved to the device once and
+# passed in — and so is every float constant: XLA's algebraic simplifier treats float arithmetic
+# with a constant it can see as real arithmetic (it folded ``(x * 1e30) * 1e10`` into ``x *
+# 1e40``, inf where NumPy's order gives a number; made ``x / 3`` ``x * (1 / 3)``, 1 ulp off;
+# ``x + 0.0`` ``x``, keeping a -0.0), silent differences from NumPy
+# (``tests/backends/test_jax_ieee.py``); an optimisation barrier did not stop all of it.
 INLINE_CONST_BYTES = 1 << 16
+FLOAT_CONSTANTS_PASSED = True  # (False: float constants as literals too, for comparison)
 # Host nodes (communication) run inside the jit as ordered callbacks (``jax_host.py``): one
 # program per step. False: the graph is cut at each host node into jitted segments.
 HOST_IN_JIT = True
@@ -62,13 +68,11 @@ HOST_IN_JIT = True
 # convolutions, so the code ran as fast, and the conv GAN's first step (its compile) took less:
 # 3.39 / 3.51 / 3.31 s against 4.00 / 3.86 / 4.96 s, steady step 48.0 / 50.3 / 47.8 against
 # 47.9 / 47.6 / 55.6 ms, the MLP step alike, the same losses to the bit (bench/RESULTS.md).
-# ``{}``: XLA's defaults. And without XLA's algebraic simplifier (``algsimp``), which rewrites
-# float arithmetic as if it were real: a bool mask times ``x`` became a select (NaN and inf
-# where the mask is off became 0), chains of constants were folded into one (``(x * 1e30) *
-# 1e10`` overflowed), ``x / c`` became ``x * (1 / c)`` (1 ulp off), ``log(exp(x))`` became ``x``:
-# silent differences from NumPy (``tests/backends/test_jax_ieee.py``). It cost the conv net's
-# step ~7 %, the small GPT's ~4 %, the MLP's nothing (bench/RESULTS.md, session 12).
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_disable_hlo_passes": "algsimp"}
+# ``{}``: XLA's defaults. (XLA's algebraic simplifier stays on: turned off, a rewrite of float
+# arithmetic it does without constants, ``log(exp(x))`` to ``x``, went too, but the conv step
+# came out with 2390 transposes of its kernels, 7-15 % slower; the float constants it rewrote
+# with are arguments instead, see ``INLINE_CONST_BYTES``, and masks pass a barrier, ``_cast``.)
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 # A packed gradient bucket's parts go to its callbacks as separate buffers, not concatenated by
 # XLA (``jax_host.Parts``). False: the packed bucket (for comparing the two).
 UNPACK_BUCKETS = True
@@ -190,7 +194,8 @@ class JaxProgram:
                 continue
             value = np.asarray(n.attrs["value"])
             slot[n.out.id] = len(self._template)
-            if value.nbytes > INLINE_CONST_BYTES:
+            if value.nbytes > INLINE_CONST_BYTES or (FLOAT_CONSTANTS_PASSED and jnp.issubdtype(
+                    value.dtype, jnp.floating)):
                 self._template.append(jax.device_put(value))
                 device.add(slot[n.out.id])
             else:

@@ -56,6 +56,10 @@ def _cast(x, dtype):
     if jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(out.dtype, jnp.floating) and \
             out.dtype.itemsize < x.dtype.itemsize and jax.default_backend() != "cpu":
         out = lax.optimization_barrier(out)
+    if x.dtype == jnp.bool_ and jnp.issubdtype(out.dtype, jnp.floating):
+        # a mask: XLA's simplifier rewrites ``mask * x`` into a select, which gives 0 where
+        # NumPy's product gives NaN (x NaN or inf, the mask off) or -0.0
+        out = lax.optimization_barrier(out)
     return out
 
 
