@@ -6,8 +6,9 @@ order their inputs become ready in the traced step (the backward pass makes the 
 gradient first), a bucket closing at the first exchange that depends on one of its members.
 Independent ones share a bucket: gradients behind different numbers of BatchNorm all-reduces
 (grouping them by that number, as before, left a small conv GAN with 20 one-tensor gradient
-all-reduces, each a cut in the JAX program), and BatchNorm's statistics (mean, variance, squared mean; each
-step of the GAN example, with cross-replica BatchNorm, had 25 exchanges, now 10). What another
+all-reduces, each a cut in the JAX program), and BatchNorm's statistics (mean, variance,
+squared mean; each step of the GAN example, with cross-replica BatchNorm, had 25 exchanges, now
+10). What another
 exchange needs never shares a bucket with gradients, which would then wait for the step's
 middle. Each bucket's members are brought together (``bucket_plan.glue``): what reads an
 early member's result waits for the bucket.
