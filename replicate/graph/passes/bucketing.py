@@ -8,10 +8,9 @@ Independent ones share a bucket: gradients behind different numbers of BatchNorm
 (grouping them by that number, as before, left a small conv GAN with 20 one-tensor gradient
 all-reduces, each a cut in the JAX program), and BatchNorm's statistics (mean, variance,
 squared mean; each step of the GAN example, with cross-replica BatchNorm, had 25 exchanges, now
-10). What another
-exchange needs never shares a bucket with gradients, which would then wait for the step's
-middle. Each bucket's members are brought together (``bucket_plan.glue``): what reads an
-early member's result waits for the bucket.
+10). What another exchange needs never shares a bucket with gradients, which would then wait
+for the step's middle. Each bucket's members are brought together (``bucket_plan.glue``):
+what reads an early member's result waits for the bucket.
 
 Each bucket is emitted as soon as its last gradient exists: the in-process combine of its members
 (``local_reduce``, hoisted from where the user called ``all_reduce``), a flat ``concatenate``, an
