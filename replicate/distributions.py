@@ -67,7 +67,8 @@ class Categorical:
         shape = tuple(np.broadcast_shapes(value.shape, self.batch_shape))
         logits = rnp.broadcast_to(self.logits, shape + self.logits.shape[-1:])
         index = rnp.expand_dims(rnp.broadcast_to(value, shape), -1)
-        return rnp.take_along_axis(logits, rnp.astype(index, np.int64), axis=-1)[..., 0]
+        return rnp.take_along_axis(logits, rnp.astype(index, np.int64), axis=-1,
+                                   nonnegative=True)[..., 0]
 
     def _finite_logits(self):  # (as PyTorch: 0 * log 0 is 0, not nan, and so is its gradient)
         return rnp.maximum(self.logits, rnp.finfo(self.logits.dtype).min)

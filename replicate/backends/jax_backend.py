@@ -31,14 +31,14 @@ from jax.experimental import checkify
 
 from .. import profile
 from ..errors import add_note
-from ..graph.index_check import HostIndices
+from ..graph.index_check import HostIndices, nonnegative
 from ..graph.interpret import describe_node, eval_nodes
 from ..graph.primitives import REGISTRY
 from ..graph.reference import IMPL
 from .base import Executable, Staged, profile_label, profiled_bytes
 from .cuda_ops import POW_MESSAGE
 from .jax_host import HostCalls, Parts, available, check_result, opaque_values, unpacked_buckets
-from .jax_impl import JAX, apply, pow_checked
+from .jax_impl import JAX, apply, nonnegative_checked, pow_checked
 
 name = "jax"
 # XLA fuses and plans memory itself: every other pass of the pipeline
@@ -110,8 +110,13 @@ class _Segment:
         # (XLA gives a number)
         self.gathers = [n for n in nodes if REGISTRY[n.prim].indexes and len(n.inputs) > 1
                         and id(n) not in program.host_indices.nodes]
+        # (a gather of class labels or embedding ids made on the device: a negative one too)
+        unsigned = {id(n) for n in self.gathers if nonnegative(n.attrs["index"])}
+        if unsigned:
+            self.apply = nonnegative_checked(unsigned, apply)
         errors = (checkify.index_checks if self.gathers else frozenset()) | (
-            checkify.user_checks if any(pow_checked(n) for n in nodes) else frozenset())
+            checkify.user_checks if unsigned or any(pow_checked(n) for n in nodes)
+            else frozenset())
         self.checked = bool(errors)
         body = self._body
         if errors:
@@ -132,7 +137,7 @@ class _Segment:
             add_note(failure, message[len(POW_MESSAGE) + 1:].removesuffix(" (`check` failed)"))
             raise failure
         if message is not None:
-            failure = IndexError(message.splitlines()[0])
+            failure = IndexError(message.splitlines()[0].removesuffix(" (`check` failed)"))
             for node in self.gathers:
                 add_note(failure, f"  raised by {describe_node(node)} (in the compiled step)")
             raise failure

@@ -28,6 +28,7 @@ from jax import lax  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
 from ..graph import attention, reference  # noqa: E402
+from ..graph.index_bounds import bounds_message, index_axes  # noqa: E402
 from ..graph.interpret import describe_node, eval_graph  # noqa: E402
 from ..graph.primitives import REGISTRY, index_tuple  # noqa: E402
 from .cuda_ops import POW_MESSAGE  # noqa: E402
@@ -78,6 +79,29 @@ def _check_pow(node, exponent):
     note = f"  raised by {describe_node(node)} (in the compiled step)"
     message = POW_MESSAGE + "\n" + note.replace("{", "{{").replace("}", "}}")
     checkify.check(jnp.all(jnp.asarray(exponent) >= 0), message)
+
+
+def _check_nonnegative(node, idx):
+    """Checkify checks that the index arrays of ``node`` marked ``NONNEGATIVE`` (class labels,
+    embedding ids) hold no negative index (XLA would count it from the end); the backend
+    raises the ``IndexError``, naming the first such index."""
+    shape = node.inputs[0].aval.shape if node.prim == "getitem" else node.attrs["shape"]
+    for ax, i, n, low in index_axes(shape, node.attrs["index"], idx):
+        if low == 0:
+            flat = jnp.asarray(i).reshape(-1)
+            first = flat[jnp.argmax(flat < 0)]
+            message = bounds_message(-1, ax, n, 0).replace("index -1 ", "index {} ", 1)
+            checkify.check(jnp.all(flat >= 0), message, first)
+
+
+def nonnegative_checked(checked: set, apply):
+    """``apply`` that first checks the marked index arrays of the nodes whose ids are in
+    ``checked`` (a segment under ``checkify.user_checks``; see ``_check_nonnegative``)."""
+    def run(node, args):
+        if id(node) in checked:
+            _check_nonnegative(node, args[1:])
+        return apply(node, args)
+    return run
 
 
 def _scatter_add(g, *idx, index, shape):

@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .index_bounds import NONNEGATIVE, bounds_message, index_axes, nonnegative
 from .interpret import note_failure
 from .primitives import REGISTRY
-
-
-def index_axes(shape, index, arrays) -> list:
-    """(axis, index array, axis size) of each index array of ``index`` that meets an axis."""
-    consumed = sum(entry[0] in ("int", "slice", "array") for entry in index)
-    axes, axis = [], 0
-    for entry in index:
-        if entry[0] == "ellipsis":
-            axis += len(shape) - consumed
-        elif entry[0] == "array":
-            axes.append((axis, arrays[entry[1]]))
-            axis += 1
-        elif entry[0] in ("int", "slice"):
-            axis += 1
-    return [(ax, idx, shape[ax]) for ax, idx in axes if ax < len(shape)]
 
 
 def index_bounds_flag(shape, index, arrays, xp=np):
@@ -34,7 +20,7 @@ def index_bounds_flag(shape, index, arrays, xp=np):
     checks = index_axes(shape, index, arrays)
     if not checks:
         return None
-    bad = [xp.any((idx < -n) | (idx >= n)) for _, idx, n in checks]
+    bad = [xp.any((idx < low) | (idx >= n)) for _, idx, n, low in checks]
     return xp.stack(bad).any() if len(bad) > 1 else bad[0]
 
 
@@ -52,15 +38,16 @@ def index_bounds_error(shape, index, arrays, xp=np) -> str | None:
     checks = index_axes(shape, index, arrays)
     if not checks:
         return None
-    bad = [xp.any((idx < -n) | (idx >= n)) for _, idx, n in checks]
+    bad = [xp.any((idx < low) | (idx >= n)) for _, idx, n, low in checks]
     flags = xp.stack(bad) if len(bad) > 1 else bad[0].reshape(1)
     if not bool(flags.any()):
         return None
-    for (ax, idx, n), flag in zip(checks, flags.tolist() if hasattr(flags, "tolist") else flags):
+    for (ax, idx, n, low), flag in zip(checks,
+                                       flags.tolist() if hasattr(flags, "tolist") else flags):
         if flag:
             values = idx.reshape(-1)
-            first = values[xp.argmax((values < -n) | (values >= n))]
-            return f"index {int(first)} is out of bounds for axis {ax} with size {n}"
+            first = values[xp.argmax((values < low) | (values >= n))]
+            return bounds_message(int(first), ax, n, low)
     return None
 
 
@@ -104,8 +91,8 @@ class HostIndices:
         made on the device (or nothing is indexed by an array)."""
         checks = index_axes(indexed_shape(node), node.attrs["index"],
                             list(range(len(node.inputs) - 1)))
-        sources = [(self.source(node.inputs[1 + j]), ax, n) for ax, j, n in checks]
-        return sources if checks and all(s is not None for s, _, _ in sources) else None
+        sources = [(self.source(node.inputs[1 + j]), ax, n, low) for ax, j, n, low in checks]
+        return sources if checks and all(s[0] is not None for s in sources) else None
 
     def check(self, inputs, to_host=None) -> set:
         """Check every planned op's index arrays among a call's ``inputs``; raises NumPy's
@@ -114,17 +101,16 @@ class HostIndices:
         the nodes checked."""
         done = set()
         for node, sources in self.plans:
-            values = [s if isinstance(s, np.ndarray) else inputs[s] for s, _, _ in sources]
+            values = [s if isinstance(s, np.ndarray) else inputs[s] for s, *_ in sources]
             if not all(isinstance(v, np.ndarray) for v in values):
                 if to_host is None:
                     continue  # handed in on the device: checked there
                 values = [v if isinstance(v, np.ndarray) else to_host(v) for v in values]
-            for v, (_, ax, n) in zip(values, sources):
+            for v, (_, ax, n, low) in zip(values, sources):
                 flat = v.reshape(-1)
-                bad = flat[(flat < -n) | (flat >= n)]
+                bad = flat[(flat < low) | (flat >= n)]
                 if bad.size:
-                    raise_index_error(node, f"index {int(bad[0])} is out of bounds for axis "
-                                            f"{ax} with size {n}")
+                    raise_index_error(node, bounds_message(int(bad[0]), ax, n, low))
             done.add(id(node))
         return done
 
@@ -137,5 +123,5 @@ def raise_index_error(node, error):
     raise error
 
 
-__all__ = ["HostIndices", "index_axes", "index_bounds_error", "index_bounds_flag",
-           "indexed_shape", "raise_index_error"]
+__all__ = ["NONNEGATIVE", "HostIndices", "bounds_message", "index_axes", "index_bounds_error",
+           "index_bounds_flag", "indexed_shape", "nonnegative", "raise_index_error"]

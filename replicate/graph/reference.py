@@ -23,6 +23,7 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION
 from . import attention, conv, linalg
+from .index_bounds import check_nonnegative
 from .primitives import REGISTRY, RuleTable, index_tuple, parse_einsum
 from .special import erf as _erf_np
 
@@ -92,6 +93,14 @@ def _logistic_np(x, out=None):
     np.exp(out, out=out)
     np.divide(out, d, out=out)
     return out
+
+
+def _getitem(x, *idx, index):
+    """``x[index]``; a negative index of an array marked ``NONNEGATIVE`` raises (a class label,
+    an embedding id), which NumPy's indexing counts from the end."""
+    x = np.asarray(x)
+    check_nonnegative(x.shape, index, idx)
+    return x[index_tuple(index, idx)]
 
 
 def _scatter_add_np(g, *idx, index, shape):
@@ -228,7 +237,8 @@ ROWS = {
     "broadcast_to": lambda xp: lambda x, shape: xp.broadcast_to(x, shape),
     "concatenate": lambda xp: lambda *xs, axis: xp.concatenate(xs, axis=axis),
     "pad": lambda xp: lambda x, widths, value: xp.pad(x, widths, constant_values=value),
-    "getitem": lambda xp: lambda x, *idx, index: xp.asarray(x)[index_tuple(index, idx)],
+    "getitem": lambda xp: _getitem if xp is np else (
+        lambda x, *idx, index: xp.asarray(x)[index_tuple(index, idx)]),
     "scatter_add": lambda xp: _scatter_add_np,
     "matmul": _same("matmul"),
     "einsum": lambda xp: _einsum_np,

@@ -19,7 +19,7 @@ from .eager_kernels import Kernel, eager_operands
 def _definition(logits, labels):
     """``softmax_cross_entropy``'s integer-label road (``functional.py``)."""
     logp = logits - rnp.logsumexp(logits, axis=-1, keepdims=True)
-    picked = rnp.take_along_axis(logp, rnp.expand_dims(labels, -1), -1)
+    picked = rnp.take_along_axis(logp, rnp.expand_dims(labels, -1), -1, nonnegative=True)
     return -rnp.squeeze(picked, -1)
 
 

@@ -125,6 +125,8 @@ def softmax(x, axis=-1):
 
 def softmax_cross_entropy(logits, labels):
     """Per-example cross-entropy; ``labels`` are integer classes or one-hot/probability rows.
+    An integer label outside ``[0, classes)`` is an ``IndexError``, a negative one too (as in
+    PyTorch; NumPy's indexing would take it from the end).
 
     >>> import replicate.numpy as rnp
     >>> loss = softmax_cross_entropy(rnp.zeros((2, 4)), rnp.asarray([0, 3]))
@@ -140,7 +142,8 @@ def softmax_cross_entropy(logits, labels):
         if labels.shape != logp.shape[:-1]:
             raise ReplicateError(f"integer labels of shape {labels.shape} do not fit logits "
                                  f"{logp.shape}")
-        return -rnp.squeeze(rnp.take_along_axis(logp, rnp.expand_dims(labels, -1), -1), -1)
+        return -rnp.squeeze(rnp.take_along_axis(logp, rnp.expand_dims(labels, -1), -1,
+                                                nonnegative=True), -1)
     if labels.shape != logp.shape:
         raise ReplicateError(f"one-hot labels {labels.shape} do not match logits {logp.shape}")
     return -rnp.sum(labels * logp, axis=-1)
@@ -193,7 +196,8 @@ def nll_loss(log_probs, targets, reduction="none", ignore_index=-100):
     Unlike ``torch.nn.functional.nll_loss`` (whose default is ``"mean"``) the default
     ``reduction`` is ``"none"``: per-example, as every loss of ``rp.nn``; ``"mean"`` and
     ``"sum"`` reduce as PyTorch's. Targets equal to ``ignore_index`` give 0 and are left out of
-    ``"mean"``'s count, as PyTorch's (a mean over no targets is nan). No class weights.
+    ``"mean"``'s count, as PyTorch's (a mean over no targets is nan); any other target outside
+    ``[0, C)`` is an ``IndexError``, a negative one too. No class weights.
 
     >>> import replicate.numpy as rnp
     >>> nll_loss(rnp.log(rnp.asarray([[0.5, 0.5], [0.25, 0.75]])), rnp.asarray([0, 1]),
@@ -214,7 +218,8 @@ def nll_loss(log_probs, targets, reduction="none", ignore_index=-100):
                              f"{logp.shape} (classes on axis {axis}; expected {expected})")
     keep = rnp.not_equal(targets, ignore_index)
     safe = rnp.where(keep, targets, 0)
-    picked = rnp.squeeze(rnp.take_along_axis(logp, rnp.expand_dims(safe, axis), axis), axis)
+    picked = rnp.squeeze(rnp.take_along_axis(logp, rnp.expand_dims(safe, axis), axis,
+                                             nonnegative=True), axis)
     loss = rnp.where(keep, -picked, 0.0)
     if reduction == "sum":
         return rnp.sum(loss)

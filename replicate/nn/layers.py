@@ -128,14 +128,15 @@ class Upsample(Module):
 
 class Embedding(Module):
     """Look up rows of a (num_embeddings, dim) table by integer ids; the table is drawn from
-    N(0, 1), as ``torch.nn.Embedding``'s."""
+    N(0, 1), as ``torch.nn.Embedding``'s. An id outside ``[0, num_embeddings)`` is an
+    ``IndexError``, a negative one too (PyTorch's rule, not NumPy's index from the end)."""
 
     def __init__(self, num_embeddings, dim, *, rng=None, dtype=np.float32):
         super().__init__()
         self.weight = Variable(init.normal((num_embeddings, dim), std=1.0, rng=rng, dtype=dtype))
 
     def forward(self, ids):
-        return rnp.take(self.weight.read(), ids, axis=0)
+        return rnp.take(self.weight.read(), ids, axis=0, nonnegative=True)  # (PyTorch's raises)
 
 
 class LayerNorm(Module):

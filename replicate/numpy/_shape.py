@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import CopyError, DTypeError, IndexOutOfRangeError, ReplicateError, ShapeError
 from ..graph.core import Array, bind, concrete
+from ..graph.index_bounds import NONNEGATIVE, bounds_message, first_out_of_bounds
 from ._base import as_array, cast, check_device, from_foreign, norm_axes, promote, static_axis
 from ._elementwise import equal
 
@@ -295,9 +296,11 @@ def getitem(x, key):
     return out
 
 
-def _getitem(x, key):
+def _getitem(x, key, nonnegative=()):
+    """``x[key]``; the integer index arrays at the positions ``nonnegative`` of ``key`` may
+    not hold negative indices (an error, not an index from the end)."""
     spec, arrays = [], []
-    for item in key:
+    for position, item in enumerate(key):
         if item is None:
             spec.append(("none",))
         elif item is Ellipsis:
@@ -320,8 +323,9 @@ def _getitem(x, key):
                 parts = [arr]
             else:
                 raise DTypeError(f"index arrays must be integers, got {arr.dtype}")
+            mark = (NONNEGATIVE,) if position in nonnegative else ()
             for part in parts:
-                spec.append(("array", len(arrays)))
+                spec.append(("array", len(arrays), *mark))
                 arrays.append(part)
         else:
             raise ReplicateError(f"unsupported index {item!r}")
@@ -332,23 +336,10 @@ def _getitem(x, key):
 def _check_index_arrays(shape, spec, arrays):
     """Concrete integer index arrays must be in range (as in NumPy); a traced step would
     otherwise fail only when it runs."""
-    consumed = sum(tag in ("int", "slice", "array") for tag, *_ in spec)
-    axis = 0
-    for tag, *rest in spec:
-        if tag == "ellipsis":
-            axis += max(0, len(shape) - consumed)
-        elif tag in ("int", "slice"):
-            axis += 1
-        elif tag == "array":
-            part = arrays[rest[0]]
-            if axis < len(shape) and not part.symbolic and part.size:
-                n, values = shape[axis], part.value
-                lo, hi = int(values.min()), int(values.max())
-                if lo < -n or hi >= n:
-                    raise IndexOutOfRangeError(
-                        f"index {hi if hi >= n else lo} is out of bounds for axis "
-                                     f"{axis} with size {n}")
-            axis += 1
+    known = [np.zeros(0, np.intp) if a.symbolic else a.value for a in arrays]
+    bad = first_out_of_bounds(shape, spec, known)
+    if bad is not None:
+        raise IndexOutOfRangeError(bounds_message(*bad))
 
 
 def _static_int(v):
@@ -359,17 +350,21 @@ def _static_int(v):
     return int(v)
 
 
-def take(x, indices, axis=None):
-    """Gather entries along ``axis`` (flattened when None) at integer ``indices``."""
-    x = as_array(x)
+def take(x, indices, axis=None, *, nonnegative=False):
+    """Gather entries along ``axis`` (flattened when None) at integer ``indices``.
+    ``nonnegative=True`` (not NumPy's): a negative index is an ``IndexError`` instead of an
+    index from the end, as in PyTorch's gathers (embedding ids)."""
+    x, indices = as_array(x), as_array(indices)
     if axis is None:
-        return getitem(ravel(x), as_array(indices))
+        x, axis = ravel(x), 0
     (axis,) = norm_axes(axis, x.ndim)
-    return getitem(x, (slice(None),) * axis + (as_array(indices),))
+    key = (slice(None),) * axis + (indices,)
+    return _getitem(x, key, (axis,)) if nonnegative else getitem(x, key)
 
 
-def take_along_axis(x, indices, axis):
-    """Pick ``x[..., indices[...], ...]`` along ``axis``, other axes matched (NumPy semantics)."""
+def take_along_axis(x, indices, axis, *, nonnegative=False):
+    """Pick ``x[..., indices[...], ...]`` along ``axis``, other axes matched (NumPy semantics;
+    ``nonnegative=True`` as ``take``'s: class labels)."""
     x, indices = as_array(x), as_array(indices)
     (axis,) = norm_axes(axis, x.ndim)
     if indices.ndim != x.ndim:
@@ -382,7 +377,7 @@ def take_along_axis(x, indices, axis):
             shape = [1] * x.ndim
             shape[i] = x.shape[i]
             key.append(concrete(np.arange(x.shape[i]).reshape(shape)))
-    return getitem(x, tuple(key))
+    return _getitem(x, tuple(key), (axis,) if nonnegative else ())
 
 
 def one_hot(indices, num_classes, dtype=np.float32):
