@@ -19,7 +19,7 @@ def index_axes(shape, index, arrays) -> list:
     axes, axis = [], 0
     for entry in index:
         if entry[0] == "ellipsis":
-            axis += len(shape) - consumed
+            axis += max(0, len(shape) - consumed)  # (too many indices: the shape rule says)
         elif entry[0] == "array":
             axes.append((axis, arrays[entry[1]], NONNEGATIVE in entry[2:]))
             axis += 1
