@@ -40,8 +40,17 @@ def as_dtype(dtype) -> np.dtype:
 
 def is_float(dtype) -> bool:
     """Whether ``dtype`` is a floating-point type (bfloat16 included)."""
-    d = np.dtype(dtype)
-    return d.kind == "f" or d == bfloat16
+    try:
+        return _IS_FLOAT[dtype]  # (a dtype object: asked for every value of an eager step)
+    except (KeyError, TypeError):
+        d = np.dtype(dtype)
+        answer = d.kind == "f" or d == bfloat16
+        if isinstance(dtype, np.dtype):
+            _IS_FLOAT[dtype] = answer
+        return answer
+
+
+_IS_FLOAT: dict = {}
 
 
 def is_low_precision(dtype) -> bool:
@@ -62,8 +71,12 @@ def finfo(dtype):
 
 def compute_dtype(dtype) -> np.dtype:
     """What NumPy computes a value of ``dtype`` in: float32 for float16/bfloat16."""
-    d = np.dtype(dtype)
-    return np.dtype(np.float32) if d in LOW_PRECISION else d
+    if not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
+    return _F32 if dtype in LOW_PRECISION else dtype
+
+
+_F32 = np.dtype(np.float32)
 
 
 def result_type(*keys) -> np.dtype:
@@ -78,7 +91,11 @@ def result_type(*keys) -> np.dtype:
     return np.dtype(np.float32) if widest.itemsize < 4 else widest  # bf16 + f16 -> f32
 
 
-_amp = threading.local()
+class _Autocast(threading.local):
+    dtype = None  # (off on a thread that never set it; a class attribute: see state._Hooks)
+
+
+_amp = _Autocast()
 
 
 def autocast_dtype():

@@ -43,8 +43,8 @@ class _Traced:
 def _minus_into(a, b):
     """``a - b`` written into ``b`` where it fits (same shape, ``b``'s dtype the result's):
     ``b`` is a temporary the update made, so eager mode makes one array fewer."""
-    if type(b) is np.ndarray and b.flags.writeable and np.shape(a) == b.shape \
-            and np.result_type(a, b) == b.dtype:
+    if type(b) is np.ndarray and b.flags.writeable and np.shape(a) == b.shape and (
+            a.dtype == b.dtype if type(a) is np.ndarray else np.result_type(a, b) == b.dtype):
         return np.subtract(a, b, out=b)
     return a - b
 
@@ -56,7 +56,8 @@ class _Eager:
                         var.read().value)
     value = staticmethod(lambda x: x.value if isinstance(x, Array) else np.asarray(x))
     sqrt, power, where = staticmethod(np.sqrt), staticmethod(np.power), staticmethod(np.where)
-    cast = staticmethod(lambda x, dtype: _Eager.value(x).astype(dtype, copy=False))
+    cast = staticmethod(lambda x, dtype: x if type(x) is np.ndarray and x.dtype == dtype else
+                        _Eager.value(x).astype(dtype, copy=False))
     minus = staticmethod(_minus_into)
 
 
@@ -128,8 +129,11 @@ class Optimizer(TraceKeyed):
         # update is never differentiated) and no per-op dispatch, the same ops in the same
         # order as the compiled step, so the same values
         xp = _EAGER if self.eager_numpy and current_trace() is None else _TRACED
-        self.xp = xp
+        if self.__dict__.get("xp") is not xp:  # (setting an attribute counts as a change)
+            self.xp = xp
         step = xp.read(self.step) + 1
+        if xp is _EAGER:
+            step = np.asarray(step)  # (a 0-d array, as the counter holds: assigned as it is)
         self.step.assign(step)
         lr = self.lr_at(step)
         if xp is _EAGER and not isinstance(lr, (int, float)):
@@ -144,7 +148,10 @@ class Optimizer(TraceKeyed):
             grads.append(g)
         if xp is _EAGER and getattr(type(self).update, "elementwise", False):
             for group in self._groups():  # no loop over the parameters (optim_flat.py)
-                self._update(group, [grads[i] for i in group.index], lr, step)
+                if len(group.index) == 1:  # (a group of one: the parameter as it is)
+                    self._update(group.index[0], [grads[group.index[0]]], lr, step)
+                else:
+                    self._update(group, [grads[i] for i in group.index], lr, step)
             return
         for i, g in enumerate(grads):
             self._update(i, [g], lr, step)

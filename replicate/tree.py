@@ -23,17 +23,17 @@ LEAF = "*"
 # reference cycle that would keep every leaf, and an eager step's arrays, alive until the garbage
 # collector runs)
 def _walk(x, leaves: list):
+    if not isinstance(x, (dict, list, tuple)):  # (a leaf, most often)
+        if x is None:
+            return ("none",)
+        leaves.append(x)
+        return LEAF
     if isinstance(x, dict):
         keys = sorted(x)
         return ("dict", tuple(keys), tuple(_walk(x[k], leaves) for k in keys))
     if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple: rebuilt as its type
         return ("namedtuple", type(x), tuple(_walk(v, leaves) for v in x))
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, len(x), tuple(_walk(v, leaves) for v in x))
-    if x is None:
-        return ("none",)
-    leaves.append(x)
-    return LEAF
+    return (type(x).__name__, len(x), tuple(_walk(v, leaves) for v in x))
 
 
 def flatten(nest: Any) -> tuple[list, Any]:

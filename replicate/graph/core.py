@@ -343,8 +343,12 @@ def next_id() -> int:
 
 def concrete(value, dtype=None) -> Array:
     """Wrap a NumPy value as a concrete (eager) leaf array."""
-    value = np.asarray(value, dtype=dtype)
-    return Array(AVal(tuple(value.shape), value.dtype), value=value)
+    if type(value) is not np.ndarray or dtype is not None:
+        value = np.asarray(value, dtype=dtype)
+    return Array(_aval(AVal, (value.shape, value.dtype)), value=value)
+
+
+_aval = tuple.__new__  # (``AVal(shape, dtype)`` less the NamedTuple's Python-level __new__)
 
 
 def bind(prim: str, *inputs: Array, **attrs: Any) -> Array:
