@@ -10,24 +10,32 @@ once all local replicas are traced); in eager mode it communicates at once. All 
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import tree
 from .context import current
 from .errors import ReplicateError
 from .graph.collectives import REDUCE_OPS, bind_collective
-from .numpy import as_array
+from .numpy import as_array, cast
 
 
 def _apply(nest, kind, **attrs):
     ctx = current()
     num, rid = (1, 0) if ctx is None else (ctx.num_replicas, ctx.replica_id)
     return tree.tree_map(
-        lambda leaf: bind_collective(kind, as_array(leaf), num_replicas=num, replica=rid,
-                                     **attrs), nest)
+        lambda leaf: bind_collective(kind, _counted(as_array(leaf), attrs.get("op")),
+                                     num_replicas=num, replica=rid, **attrs), nest)
+
+
+def _counted(x, op):
+    """A sum of bools counts them, in int64 (NumPy's ``sum``), rather than or-ing them."""
+    return cast(x, np.int64) if op == "sum" and x.dtype == np.bool_ else x
 
 
 def all_reduce(nest, op: str = "sum"):
     """Combine each leaf over all replicas with ``op`` (sum, mean, max, min); every replica gets
-    the result."""
+    the result. A ``"sum"`` of bools counts them (int64, as NumPy's ``sum``); integers keep
+    their dtype (an elementwise sum, as ``torch.distributed``'s); ``"mean"`` needs floats."""
     if op not in REDUCE_OPS:
         raise ReplicateError(f"all_reduce: unknown op {op!r}; choose one of {REDUCE_OPS}")
     return _apply(nest, "all_reduce", op=op)

@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from . import tree
 from .backends import numpy_backend
 from .backends.base import Executable
 from .debug import debug_enabled
@@ -123,6 +127,25 @@ def compile_graph(graph, backend, options: CompileOptions | None = None) -> Exec
     return lowered if isinstance(lowered, Executable) else Executable(graph, lowered)
 
 
+def warn_uneven(batches, graph) -> None:
+    """A warning when this process's replicas were handed batches of different sizes and
+    exchange something: a mean over replicas (of gradients, of a loss) weighs each replica
+    alike, not each example — the mean of their means, as DDP's (BatchNorm's cross-replica
+    statistics weigh each replica by its size)."""
+    if len(batches) < 2 or not any(REGISTRY[n.prim].placeholder for n in graph.nodes):
+        return
+    sizes = [[np.shape(x)[0] if np.ndim(x) else None for x in tree.flatten(b)[0]]
+             for b in batches]
+    if any(s != sizes[0] for s in sizes):
+        firsts = [s[0] if s else None for s in sizes]
+        warnings.warn(f"the replicas' batches differ in size ({firsts} along their first axis): "
+                      "a mean over replicas (rp.all_reduce(..., 'mean'), wrap_optimizer's "
+                      "gradients, outputs='mean') weighs each replica alike, not each example "
+                      "— the mean of the replicas' means. Give every replica the same batch "
+                      "size (rp.shard_batches does) or weigh by the counts yourself",
+                      stacklevel=2)
+
+
 def step_graph(fn, batches, contexts=None, num_ranks: int = 1, rank: int = 0, prefix=None,
                gathers_outputs: bool = True, processes=None, where: Where | None = None,
                input_fn=None):
@@ -147,6 +170,8 @@ def step_graph(fn, batches, contexts=None, num_ranks: int = 1, rank: int = 0, pr
     elif processes is not None and any(REGISTRY[n.prim].placeholder for n in graph.nodes):
         comm = processes()
         num_ranks, rank = comm.size, comm.rank
+    if where.micro == 1:
+        warn_uneven(batches, graph)
     if debug_enabled("ir"):
         print(f"# replicated step: traced (placeholders)\n{graph}\n", flush=True)
     ctx = StepContext(replicas=len(batches), processes=num_ranks, rank=rank, micro=where.micro,

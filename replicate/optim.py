@@ -35,6 +35,7 @@ from .optimizers import (  # (rp.optim.*: __all__)
     Optimizer,
     RMSProp,
 )
+from .optimizers import check_structure as _check_structure
 from .schedules import (  # (rp.optim.*: __all__)
     CosineAnnealingLR,
     ExponentialLR,
@@ -133,9 +134,8 @@ class CrossReplicaOptimizer(TraceKeyed):
                     "the loss scale)")
             self._scaled[0] -= 1
         leaves, treedef = tree.flatten(grads)
-        if len(leaves) != len(self.optimizer.params):
-            raise ReplicateError(f"apply: {len(leaves)} gradients for "
-                                 f"{len(self.optimizer.params)} parameters")
+        _check_structure(treedef, self.optimizer.treedef, len(leaves),
+                        len(self.optimizer.params), "apply")
         leaves = [rnp.cast(rnp.as_array(g), compute_dtype(p.dtype))
                   for g, p in zip(leaves, self.optimizer.params)]
         if self.micro is not None:
@@ -191,6 +191,14 @@ class CrossReplicaOptimizer(TraceKeyed):
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
+
+    def __setattr__(self, name, value):
+        inner = self.__dict__.get("optimizer")
+        if inner is not None and name not in self.__dict__ and not hasattr(type(self), name) \
+                and hasattr(inner, name):  # opt.lr = 1e-4: the inner optimiser's, which a
+            setattr(inner, name, value)    # step reads (and retraces for)
+            return
+        super().__setattr__(name, value)
 
 
 def wrap_optimizer(optimizer: Optimizer, max_grad_norm: float | None = None, *,

@@ -31,6 +31,29 @@ def _params(params) -> tuple[list, object]:
     return leaves, treedef
 
 
+def _kind(treedef):
+    """A nest's structure with lists, tuples and named tuples alike (a sequence)."""
+    if treedef == tree.LEAF or treedef[0] == "none":
+        return treedef
+    if treedef[0] == "dict":
+        return ("dict", treedef[1], tuple(_kind(t) for t in treedef[2]))
+    return ("sequence", len(treedef[2]), tuple(_kind(t) for t in treedef[2]))
+
+
+def check_structure(grads, params, n_grads, n_params, who) -> None:
+    """Gradients (``grads``, a treedef) must be nested as the parameters (``params``): a list
+    for a dict would be matched by position with the dict's sorted keys ("10.weight" before
+    "2.weight"), each gradient on another parameter of its shape. Lists and tuples are alike."""
+    if n_grads != n_params:
+        raise ReplicateError(f"{who}: {n_grads} gradients for {n_params} parameters")
+    if _kind(grads) != _kind(params):
+        raise ReplicateError(
+            f"{who}: the gradients are nested differently from the parameters (a dict's keys "
+            "are matched by name, a sequence by position) — pass rp.grad(loss, params) for the "
+            "params the optimiser was given, e.g. rp.grad(loss, model.parameters()) for "
+            "rp.optim.SGD(model.parameters())")
+
+
 class _Traced:
     """What ``update`` computes with in graph mode (and eager mode for other optimisers)."""
     read = staticmethod(lambda var: var.read())
@@ -121,9 +144,8 @@ class Optimizer(TraceKeyed):
     def apply(self, grads) -> None:
         """Update every parameter from its gradient (a nest shaped like the parameters)."""
         leaves, treedef = tree.flatten(grads)
-        if len(leaves) != len(self.params):
-            raise ReplicateError(f"{type(self).__name__}.apply: {len(leaves)} gradients for "
-                                 f"{len(self.params)} parameters")
+        check_structure(treedef, self.treedef, len(leaves), len(self.params),
+                        f"{type(self).__name__}.apply")
         self.traced_by()
         # eager mode: the built-in updates run on the values as NumPy arrays — no tape (an
         # update is never differentiated) and no per-op dispatch, the same ops in the same
@@ -192,8 +214,12 @@ class Optimizer(TraceKeyed):
         raise NotImplementedError
 
     def variables(self) -> dict:
-        """The optimiser's own state by name (for checkpoints): step and every slot."""
+        """The optimiser's own state by name (for checkpoints): step and every slot, and the
+        state of a schedule that keeps some (``ReduceLROnPlateau``'s rate and counters)."""
         out = {"step": self.step}
+        keeps = getattr(self.lr, "variables", None)
+        if callable(keeps):
+            out.update((f"lr/{name}", var) for name, var in keeps().items())
         for key, value in vars(self).items():
             if isinstance(value, list) and any(isinstance(v, Variable) for v in value) \
                     and value is not self.params:

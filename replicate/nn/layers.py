@@ -3,6 +3,8 @@ cross-replica), Dropout, Flatten."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import numpy as rnp
@@ -169,9 +171,10 @@ class BatchNorm(Module):
 
     With ``cross_replica=True`` the batch statistics are all-reduced over all replicas in the
     middle of the step, so R replicas with batch B normalise exactly as one replica with batch
-    R*B (equal per-replica batch sizes assumed). Otherwise each replica normalises with its own
-    batch; the running averages are still averaged over replicas so that all replicas keep the
-    same state.
+    R*B (each replica's statistics weighted by its batch size: replicas whose batches differ
+    normalise with the statistics of all their examples together). Otherwise each replica
+    normalises with its own batch; the running averages are still averaged over replicas so
+    that all replicas keep the same state.
 
     The batch variance is the mean squared deviation from the batch mean, never ``E[x^2] -
     E[x]^2``, which cancels in float32 for features far from zero (across replicas: each
@@ -203,11 +206,15 @@ class BatchNorm(Module):
             centred = x - rnp.reshape(mean, shape)
             var = rnp.mean(centred * centred, axis=axes)
             if self.cross_replica:
-                # one exchange: each replica's mean, variance and squared mean, in float64; the
-                # whole batch's variance is the replicas' mean variance plus the variance of
-                # their means (equal batches), whose cancellation float64 makes harmless
+                # one exchange: each replica's mean, variance and squared mean, in float64,
+                # weighted by its count (replicas' batches may differ); the whole batch's
+                # variance is the replicas' mean variance plus the variance of their means,
+                # whose cancellation float64 makes harmless
+                count = float(math.prod(x.shape[a] for a in axes))
                 m, v = rnp.cast(mean, np.float64), rnp.cast(var, np.float64)
-                m, v, m2 = all_reduce((m, v, m * m), "mean")
+                m, v, m2, n = all_reduce((m * count, v * count, m * m * count,
+                                          rnp.asarray(count, np.float64)), "sum")
+                m, v, m2 = m / n, v / n, m2 / n
                 mean = rnp.cast(m, mean.dtype)
                 var = rnp.cast(v + rnp.maximum(m2 - m * m, 0.0), var.dtype)
                 centred = x - rnp.reshape(mean, shape)

@@ -228,7 +228,9 @@ def test_optimizer_takes_a_module_and_checks_gradients():
     with pytest.raises(rp.ReplicateError, match="gradients"):
         opt.apply([np.zeros((2, 2), np.float32)])
     with pytest.raises(rp.ReplicateError, match="shape"):
-        opt.apply([np.zeros((2, 3), np.float32), np.zeros(2, np.float32)])
+        opt.apply({"weight": np.zeros((2, 3), np.float32), "bias": np.zeros(2, np.float32)})
+    with pytest.raises(rp.ReplicateError, match="nested differently"):  # (a list for a dict:
+        opt.apply([np.zeros((2, 2), np.float32), np.zeros(2, np.float32)])  # by sorted keys)
     with pytest.raises(rp.ReplicateError, match="Variables"):
         rp.optim.SGD([np.zeros(2)])
 

@@ -361,8 +361,8 @@ def test_dependent_all_reduces_never_share_a_bucket():
 
 
 def test_batchnorm_statistics_travel_in_one_bucket():
-    # cross-replica BatchNorm reduces each replica's mean, variance and squared mean (float64),
-    # independent of each other: one exchange
+    # cross-replica BatchNorm reduces each replica's mean, variance and squared mean (float64)
+    # weighted by its count, and the count, independent of each other: one exchange
     bn = rp.nn.BatchNorm(4, cross_replica=True)
 
     def step(x):
@@ -370,7 +370,7 @@ def test_batchnorm_statistics_travel_in_one_bucket():
     graph = _two_process_graph(step, [np.ones((3, 4)), np.ones((3, 4))], k=2)
     g = compile_graph(graph, NULL, CompileOptions()).graph
     starts = [n for n in g.nodes if n.prim == "comm_start"]
-    assert len(starts) == 1 and starts[0].out.size == 12
+    assert len(starts) == 1 and starts[0].out.size == 3 * 4 + 1
     validate(g)
 
 
@@ -395,7 +395,8 @@ def test_batchnorm_statistics_of_a_training_step_travel_in_one_bucket_each_way(k
     g = compile_graph(graph, NULL, CompileOptions()).graph
     validate(g)
     sizes = sorted(n.out.size for n in g.nodes if n.prim == "comm_start")
-    assert sizes == [24, 24, 4 * 8 + 8], sizes  # (mean, var, mean^2) both ways; the gradients
+    # (mean, var, mean^2) both ways, the replica's count forward only; the gradients
+    assert sizes == [24, 3 * 8 + 1, 4 * 8 + 8], sizes
 
 
 def test_gradients_behind_batchnorm_all_reduces_share_one_bucket():

@@ -62,13 +62,15 @@ def all_reduce(x, op: str) -> np.ndarray:
     """Every process's ``x`` (a NumPy array or number, the same shape and dtype everywhere)
     combined: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` — no default, as Horovod averages
     and ``torch.distributed`` sums; the same result on every process (combined in process order,
-    so bitwise equal everywhere)."""
+    so bitwise equal everywhere). A ``"sum"`` of bools counts them (int64, NumPy's ``sum``)."""
     if op not in OPS:
         raise ReplicateError(f"rp.host.all_reduce: op must be one of {OPS}, got {op!r}")
     x = _value(x, "all_reduce")
     if op == "mean" and not is_float(x.dtype):
         raise ReplicateError(f"rp.host.all_reduce(..., 'mean') of {x.dtype} values: cast to a "
                              "float first (the mean of integers is not an integer)")
+    if op == "sum" and x.dtype == np.bool_:
+        x = x.astype(np.int64)  # a sum of bools counts them (NumPy's sum), not their or
     comm = _agreed(f"all_reduce({_aval(x)}, op={op!r})")
     if comm.size == 1:
         return x.copy()
