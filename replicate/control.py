@@ -8,7 +8,13 @@ So a gradient-accumulation step written with ``rp.cond`` updates its weights eve
 graph mode exactly as in eager mode.
 
 Every branch runs in graph mode, so its collectives run on every step whichever branch is
-taken (their results are selected like any value), and its cost is paid on every step.
+taken (their results are selected like any value), and its cost is paid on every step. Its
+gradient is the taken branch's, as in eager mode: each value a branch reads from outside reaches
+it through a ``branch_input`` node whose cotangent is a select by whether the branch is taken —
+so the untaken branch's backward pass, run on a cotangent of zeros, cannot leak what it makes of
+them (``sqrt`` at 0: 0 * inf, NaN) into the gradient. (Not yet under model parallelism,
+``logical_devices > 1``: there the untaken branch's backward pass still adds its zeros, and a
+NaN it makes reaches the gradient.)
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import numpy as np
 
 from . import tree
 from .errors import ReplicateError
-from .graph.core import Array, current_trace
-from .numpy import as_array, cast, equal, where
+from .graph.core import Array, bind, current_trace
+from .graph.primitives import is_float
+from .numpy import as_array, cast, equal, logical_and, logical_not, logical_or, where
 
 
 def cond(pred, true_fn, false_fn, *operands):
@@ -67,6 +74,39 @@ def switch(index, branches, *operands):
     return _traced(branches, preds, operands, "switch")
 
 
+def _taken(preds) -> list:
+    """Whether each branch is the one taken: ``preds[i]`` and no later one (later branches win;
+    branch 0 when none holds)."""
+    taken, later = [None] * len(preds), None
+    for i in range(len(preds) - 1, 0, -1):
+        taken[i] = preds[i] if later is None else logical_and(preds[i], logical_not(later))
+        later = preds[i] if later is None else logical_or(later, preds[i])
+    taken[0] = logical_not(later) if later is not None else None
+    return taken
+
+
+def _gate(trace, start, end, taken) -> int:
+    """Route the float values that the branch's nodes (``trace.nodes[start:end]``) read from
+    outside it (made by no node of the branch: earlier values, graph inputs — a variable first
+    read in the branch is one) through ``branch_input`` nodes, placed before the branch's first
+    node: the branch's gradient reaches them only where it is taken. Returns how many nodes
+    it placed there."""
+    if taken is None or trace.placement is not None:  # (one branch: always taken. Model
+        return 0  # parallelism: not gated — a gate would need each reader's device and transfers)
+    body, gates, n = trace.nodes[start:end], {}, len(trace.nodes)
+    made = {node.out.id for node in body}
+    for node in body:
+        for x in node.inputs:
+            if x.id not in made and x.id not in gates and is_float(x.dtype):
+                gates[x.id] = bind("branch_input", x, taken)
+    moved = trace.nodes[n:]  # the gates just recorded: moved before the branch
+    del trace.nodes[n:]
+    trace.nodes[start:start] = moved
+    for node in body:
+        node.inputs = tuple(gates.get(x.id, x) for x in node.inputs)
+    return len(moved)
+
+
 def _scalar(x, what, name) -> Array:
     if isinstance(x, (bool, numbers.Number, np.generic)) and not isinstance(x, Array):
         x = as_array(x)
@@ -84,12 +124,18 @@ def _traced(branches, preds, operands, what):
     ``preds[i]`` (``i >= 1``) is branch i's condition; branch 0 is the default. Later branches
     win where several conditions hold."""
     trace = current_trace()
+    taken = _taken(preds)
     before = trace.branch_state()
-    outs, states = [], []
+    outs, states, spans = [], [], []
     for fn in branches:
         trace.set_branch_state(before)
+        start = len(trace.nodes)
         outs.append(fn(*operands))
         states.append(trace.branch_state())
+        spans.append((start, len(trace.nodes)))
+    shift = 0  # (in order: a transfer the gates of one branch make serves the later ones)
+    for (start, end), mask in zip(spans, taken):
+        shift += _gate(trace, start + shift, end + shift, mask)
     try:
         structures = {tree.flatten(o)[1] for o in outs}
     except ReplicateError:

@@ -30,6 +30,7 @@ from jax.experimental import checkify  # noqa: E402
 from ..graph import attention, reference  # noqa: E402
 from ..graph.index_bounds import bounds_message, index_axes  # noqa: E402
 from ..graph.interpret import describe_node, eval_graph  # noqa: E402
+from ..graph.linalg import PARTS as linalg_parts  # noqa: E402
 from ..graph.primitives import REGISTRY, index_tuple  # noqa: E402
 from .cuda_ops import POW_MESSAGE  # noqa: E402
 
@@ -380,6 +381,9 @@ JAX = reference.table(jnp, "jax", {
 })
 for _name in [n for n in JAX if n in REGISTRY and REGISTRY[n].host]:
     del JAX[_name]  # communication runs on the host (local_reduce is a device op: it stays)
+# NumPy's cholesky and eigh read the lower triangle; jax.numpy's by default (a + a.T) / 2
+JAX["cholesky"] = lambda a: jnp.linalg.cholesky(a, symmetrize_input=False)
+JAX["eigh"] = lambda a, part: jnp.linalg.eigh(a, symmetrize_input=False)[linalg_parts[part]]
 for _name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh",
               "arctanh", "arctan2", "log2", "log10", "logaddexp", "floor_divide", "hypot", "solve",
               "cholesky", "qr", "svd", "eigh", "det", "slogdet"):

@@ -136,6 +136,13 @@ def grad(y, wrt, y_grad=None):
             raise ReplicateError(f"grad: y_grad shape {y_grad.shape} != output shape {y.shape}")
     leaves, treedef = tree.flatten(wrt)
     xs = [_as_target(x) for x in leaves]
+    for x in xs:
+        if not is_float(x.dtype):  # (its gradient would be 0 whatever the function: JAX's error)
+            raise ReplicateError(
+                f"grad: cannot differentiate with respect to an array of {x.dtype} {x.shape}: only "
+                "float values have gradients; cast it to a float first (rnp.cast(x, "
+                "'float32')) — a float array handed in as integers (np.array([1, 2, 3])) is "
+                "the usual cause")
     cts = backward(y, xs, y_grad)
     out = [ct if ct is not None else zeros_like(x) for ct, x in zip(cts, xs)]
     return tree.unflatten(treedef, out)

@@ -69,18 +69,18 @@ def det_shape(a, part=None):
     return AVal(batch, a.dtype)
 
 
-_PARTS = {"q": 0, "r": 1, "u": 0, "s": 1, "vh": 2, "w": 0, "v": 1, "sign": 0, "logabsdet": 1}
+PARTS = {"q": 0, "r": 1, "u": 0, "s": 1, "vh": 2, "w": 0, "v": 1, "sign": 0, "logabsdet": 1}
 
 ROWS = {
     "solve": lambda xp: lambda a, b: xp.linalg.solve(a, b),
     "cholesky": lambda xp: lambda a: xp.linalg.cholesky(a),
-    "qr": lambda xp: lambda a, part: xp.linalg.qr(a)[_PARTS[part]],
+    "qr": lambda xp: lambda a, part: xp.linalg.qr(a)[PARTS[part]],
     "svd": lambda xp: lambda a, part, full_matrices: xp.linalg.svd(
-        a, full_matrices=full_matrices)[_PARTS[part]],
-    "eigh": lambda xp: lambda a, part: xp.linalg.eigh(a)[_PARTS[part]],
+        a, full_matrices=full_matrices)[PARTS[part]],
+    "eigh": lambda xp: lambda a, part: xp.linalg.eigh(a)[PARTS[part]],
     "det": lambda xp: lambda a: xp.linalg.det(a),
-    "slogdet": lambda xp: lambda a, part: xp.linalg.slogdet(a)[_PARTS[part]],
+    "slogdet": lambda xp: lambda a, part: xp.linalg.slogdet(a)[PARTS[part]],
 }
 
-__all__ = ["ROWS", "cholesky_shape", "det_shape", "eigh_shape", "qr_shape", "solve_shape",
-           "svd_shape"]
+__all__ = ["PARTS", "ROWS", "cholesky_shape", "det_shape", "eigh_shape", "qr_shape",
+           "solve_shape", "svd_shape"]

@@ -80,8 +80,9 @@ def _svd(g, out, needs, a, part, full_matrices):
                          "full_matrices=False")
     u, s, vh = (out if p == part else bind("svd", a, part=p, full_matrices=full_matrices)
                 for p in ("u", "s", "vh"))
-    if part == "s":
-        return (rnp.matmul(u * rnp.expand_dims(g, -2), vh),)
+    if part == "s":  # (full matrices of a non-square a: the k = min(m, n) vectors S scales)
+        k = min(m, n)
+        return (rnp.matmul(u[..., :, :k] * rnp.expand_dims(g, -2), vh[..., :k, :]),)
     f = _spread(s * s)
     if part == "u":
         utg = rnp.matmul(_t(u), g)

@@ -237,6 +237,11 @@ declare("custom_vjp", STRUCTURAL, lambda value, *args, rule: value, alias=True)
 # so XLA does not merge them either)
 declare("remat", STRUCTURAL, lambda value, *args, rule: value, alias=True)
 declare("remat_barrier", STRUCTURAL, lambda x, after: x, alias=True)
+# rp.cond/rp.switch in graph mode: a value from outside a branch as the branch reads it. It
+# passes through; its cotangent is the branch's where the branch is taken (``taken``), else 0 —
+# a select, so what the untaken branch's backward pass makes of a zero cotangent (0 * inf, at
+# sqrt's 0: NaN) never reaches the value (``control.py``)
+declare("branch_input", STRUCTURAL, lambda x, taken: x, alias=True)
 
 for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     declare(_name, REDUCTION, _reduce_nonempty if _name in ("reduce_max", "reduce_min")

@@ -220,6 +220,7 @@ ROWS = {
     "custom_vjp": lambda xp: lambda value, *args, rule: value,
     "remat": lambda xp: lambda value, *args, rule: value,
     "remat_barrier": lambda xp: lambda x, after: x,
+    "branch_input": lambda xp: lambda x, taken: x,
     "reduce_sum": lambda xp: lambda x, axes: xp.sum(x, axis=axes),
     "reduce_prod": lambda xp: lambda x, axes: xp.prod(x, axis=axes),
     "reduce_max": lambda xp: lambda x, axes: xp.max(x, axis=axes),

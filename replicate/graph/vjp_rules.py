@@ -99,10 +99,31 @@ def _binary(fa, fb):
     return rule
 
 
+def _known(x):
+    """``x``'s value where it is known while tracing (eager values, constants), else None."""
+    if x.value is not None:
+        return x.value
+    return x.node.attrs["value"] if x.node is not None and x.node.prim == "const" else None
+
+
+def _pow_base(g, out, a, b):
+    """``b a**(b-1)``, and 0 where ``b`` is 0 (``0 * 0**-1`` would be NaN at ``a = 0``: JAX's
+    and PyTorch's 0). There the base is made 1, so that no derivative of this is NaN either
+    (``x**2``'s third at 0 went through ``x**0``); an exponent known nonzero takes the plain
+    formula."""
+    known = _known(b)
+    if known is not None and np.all(np.asarray(known) != 0):
+        return g * b * a ** (b - 1.0)
+    zero = b == 0
+    return rnp.where(zero, 0.0, g * b * rnp.where(zero, 1.0, a) ** (b - 1.0))
+
+
 def _pow_exponent(g, out, a, b):
-    positive = a > 0
-    safe = rnp.where(positive, a, 1.0)
-    return rnp.where(positive, g * out * rnp.log(safe), 0.0)
+    """``a**b log(a)``: 0 at ``a = 0`` (JAX's, the limit for ``b > 0``; the base made 1 there, so
+    no derivative of this is NaN), NaN for a negative or NaN base (JAX's and PyTorch's: its
+    logarithm), never a number that hides it."""
+    zero = a == 0
+    return rnp.where(zero, 0.0, g * out * rnp.log(rnp.where(zero, 1.0, a)))
 
 
 def _select(g, out, needs, c, a, b):
@@ -261,6 +282,8 @@ VJP = RuleTable("vjp", {
     "custom_vjp": _custom_vjp,
     "remat": _remat,
     "remat_barrier": lambda g, out, needs, x, after: (g, None),
+    "branch_input": lambda g, out, needs, x, taken: (
+        rnp.where(taken, g, rnp.zeros((), g.dtype)), None),
     "neg": _unary(lambda g, out, x: -g),
     "abs": _unary(lambda g, out, x: g * rnp.sign(x)),
     "exp": _unary(lambda g, out, x: g * out),
@@ -305,7 +328,7 @@ VJP = RuleTable("vjp", {
     # d hypot = (a da + b db) / hypot; 0 at the origin (a subgradient, as the 2-norm's)
     "hypot": _binary(lambda g, o, a, b: g * a / rnp.where(o == 0, 1.0, o),
                      lambda g, o, a, b: g * b / rnp.where(o == 0, 1.0, o)),
-    "pow": _binary(lambda g, o, a, b: g * b * a ** (b - 1.0), _pow_exponent),
+    "pow": _binary(_pow_base, _pow_exponent),
     # maximum, minimum: the operand picked gets g; at a tie each gets g / 2 (PyTorch's and JAX's
     # rule, the central difference's, and reduce_max's: tied elements share). ``rp.nn.relu``
     # has its own rule, 0 at 0 (eager_kernels.py)

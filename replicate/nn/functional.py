@@ -162,10 +162,14 @@ def mse(pred, target):
 
 
 def huber(pred, target, delta=1.0):
-    """The Huber loss per element: quadratic up to ``delta``, linear beyond (not averaged)."""
-    d = rnp.abs(rnp.subtract(wide_operand(pred), wide_operand(target)))
-    quadratic = rnp.minimum(d, delta)
-    return 0.5 * quadratic * quadratic + delta * (d - quadratic)
+    """The Huber loss per element: quadratic below ``delta``, linear from it (not averaged;
+    PyTorch's ``huber_loss`` with ``reduction="none"``). The quadratic part is of the residual
+    itself, so its second derivative is 1 at a residual of 0 (through ``|r|`` it came out 0)."""
+    r = rnp.subtract(wide_operand(pred), wide_operand(target))
+    d = rnp.abs(r)
+    inside = rnp.less(d, delta)
+    near = rnp.where(inside, r, 0.0)  # (each branch fed 0 where the other is taken)
+    return rnp.where(inside, 0.5 * near * near, 0.5 * delta * delta + delta * (d - delta))
 
 
 def one_hot(labels, num_classes, dtype=np.float32):

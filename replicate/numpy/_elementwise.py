@@ -370,10 +370,12 @@ def clip(x, min=None, max=None):  # noqa: A002 - NumPy 2's and the Array API's n
 
 
 def softplus(x):
-    """``log(1 + exp(x))``, computed stably (bools and integers in NumPy's float for them, as
-    ``exp``)."""
+    """``log(1 + exp(x))``, stably (ints in NumPy's float, as ``exp``): two smooth branches, each
+    fed 0 where the other is taken, so every derivative is softplus's (the second: 0.25 at 0)."""
     x = ufunc_float_operand(x)
-    return add(maximum(x, 0.0), log1p(exp(negative(abs(x)))))
+    above = greater(x, 0.0)
+    up, down = where(above, x, 0.0), where(above, 0.0, x)
+    return where(above, add(up, log1p(exp(negative(up)))), log1p(exp(down)))
 
 
 def isfinite(x):
@@ -387,8 +389,7 @@ def isfinite(x):
 def stop_gradient(x):
     """The identity whose gradient is zero.
 
-    >>> import replicate as rp, replicate.numpy as rnp
-    >>> x = rnp.asarray(3.0)
+    >>> import replicate as rp, replicate.numpy as rnp; x = rnp.asarray(3.0)
     >>> float(rp.grad(x * rnp.stop_gradient(x), x))
     3.0
     """

@@ -337,7 +337,7 @@ def test_op_classes_are_flags_derived_in_primitives():
     """What kind of data an op touches is a flag: an alias is a view, a view moves data only;
     a placeholder says what the replicas receive."""
     assert prims_where(alias=True) == {"reshape", "stop_gradient", "custom_vjp", "remat",
-                                       "remat_barrier"}
+                                       "remat_barrier", "branch_input"}
     assert prims_where(alias=True) | prims_where(repeats=True) <= prims_where(view=True)
     assert prims_where(view=True) <= prims_where(moves=True)
     assert prims_where(moves=True) - prims_where(view=True) == {"concatenate", "const", "cast"}

@@ -239,6 +239,10 @@ case("custom_vjp", _twice, lambda x: x * 2.0, In((2, 3), F64))
 case("custom_vjp", _twice, lambda x: x * 2.0, In((4,), F32), label="f32")
 # rp.remat: the remat node and, in its gradient, the remat_barrier copies (on every backend)
 case("remat", rp.remat(lambda x: rnp.sin(x) * x), lambda x: np.sin(x) * x, In((2, 3), F64))
+# rp.cond, traced: each branch reads x through a branch_input (its gradient: the taken branch's)
+case("branch_input", lambda x: rp.cond(rnp.sum(x) > 0, lambda x: rnp.sin(x) * x,
+                                       lambda x: -2.0 * x, x),
+     lambda x: np.sin(x) * x if x.sum() > 0 else -2.0 * x, In((2, 3), F64))
 
 
 # -- attention's weights (issue 29): softmax(q k^T * scale, masked), one primitive ---------------
