@@ -37,8 +37,13 @@ def _topo_order(roots: list, targets: set, stop=frozenset()) -> tuple[list, dict
     while stack:
         a, expanded = stack.pop()
         if expanded:
-            deps = a.node.inputs if a.node is not None and a.id not in stop else ()
-            relevant[a.id] = a.id in targets or any(relevant.get(i.id, False) for i in deps)
+            hit = a.id in targets
+            if not hit and a.node is not None and a.id not in stop:
+                for i in a.node.inputs:  # (a loop, not any(...): a generator per value costs)
+                    if relevant.get(i.id, False):
+                        hit = True
+                        break
+            relevant[a.id] = hit
             order.append(a)
             continue
         if a.id in seen:
@@ -105,7 +110,10 @@ def _backward(ys: list, xs: list, y_grads: list, stop=frozenset()) -> list:
                 continue
             if ct.shape != inp.shape:
                 raise AssertionError(f"vjp of {node.prim} gave {ct.shape} for {inp.shape}")
-            cts.setdefault(inp.id, Cotangent()).add_dense(ct)
+            acc = cts.get(inp.id)
+            if acc is None:
+                acc = cts[inp.id] = Cotangent()
+            acc.add_dense(ct)
     return [cts[x.id].value(x.shape) if x.id in cts else None for x in xs]
 
 
