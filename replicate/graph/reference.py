@@ -99,7 +99,8 @@ def _getitem(x, *idx, index):
     """``x[index]``; a negative index of an array marked ``NONNEGATIVE`` raises (a class label,
     an embedding id), which NumPy's indexing counts from the end."""
     x = np.asarray(x)
-    check_nonnegative(x.shape, index, idx)
+    if idx:  # (slices alone: nothing to check)
+        check_nonnegative(x.shape, index, idx)
     return x[index_tuple(index, idx)]
 
 
