@@ -6,10 +6,12 @@ with the other parts' cotangents zero (the gradient is linear in the cotangents:
 is the whole). ``cholesky`` and ``eigh`` read a symmetric matrix (NumPy reads its lower
 triangle): their gradients are the symmetric ones, as JAX's and PyTorch's. Where the derivative
 does not exist the gradient is what the formula gives (inf or NaN), as JAX's: a singular
-matrix (``solve``, ``det``, ``slogdet``), equal singular values or eigenvalues (``svd``'s
-``u``/``vh``, ``eigh``'s ``v``), a zero singular value (``svd``'s ``u``/``vh`` of a tall or
-wide matrix). ``qr`` has a gradient for m >= n (as JAX), ``svd`` for ``full_matrices=False``
-or square matrices.
+matrix (``solve``, ``slogdet``), equal singular values or eigenvalues (``svd``'s ``u``/``vh``,
+``eigh``'s ``v``), a zero singular value (``svd``'s ``u``/``vh`` of a tall or wide matrix).
+``det``'s gradient is ``det(a) inv(a).T``: at a singular matrix, where the derivative (the
+adjugate) exists and JAX gives it, the NumPy backend raises NumPy's ``LinAlgError`` and the
+JAX backend gives NaN — never a finite wrong number. ``qr`` has a gradient for m >= n (as
+JAX), ``svd``'s S always, its U and Vh for ``full_matrices=False`` or square matrices.
 """
 
 from __future__ import annotations

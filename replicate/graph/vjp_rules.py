@@ -52,15 +52,23 @@ def _reduce_extremum(g, out, needs, x, axes):
 
 
 def _reduce_prod(g, out, needs, x, axes):
-    # d out / d x_i is the product of the other entries: out / x_i when no entry is 0; where one
-    # entry is 0 it gets the product of the rest and the others get 0; with two zeros all get 0.
-    # (First derivatives are exact everywhere; second derivatives only away from zeros.)
+    # d out / d x_i is the product of the other entries: of those before it times those after
+    # it (two running products along the reduced axes laid end to end) — no division, so exact
+    # with zeros, infinities and NaNs (out / x_i gave NaN for an infinite entry). Second
+    # derivatives go through cumprod's rule.
     keep = _keepdims_shape(x, axes)
-    zero = rnp.equal(x, 0)
-    nonzero = rnp.where(zero, rnp.ones_like(x), x)
-    rest = rnp.prod(nonzero, axis=axes, keepdims=True)
-    zeros = rnp.sum(zero, axis=axes, keepdims=True)
-    others = rnp.where(zeros == 0, rest / nonzero, rnp.where(zero & (zeros == 1), rest, 0.0))
+    if x.size == 0:
+        return (rnp.zeros_like(x),)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    order = kept + sorted(axes)
+    moved = rnp.transpose(x, order)
+    flat = rnp.reshape(moved, moved.shape[:len(kept)] + (-1,))
+    one = rnp.ones(flat.shape[:-1] + (1,), x.dtype)
+
+    def exclusive(v):  # the product of the entries before each, along the last axis
+        return rnp.concatenate([one, bind("cumprod", v, axis=v.ndim - 1)[..., :-1]], -1)
+    others = exclusive(flat) * rnp.flip(exclusive(rnp.flip(flat, -1)), -1)
+    others = rnp.transpose(rnp.reshape(others, moved.shape), np.argsort(order).tolist())
     return (rnp.reshape(g, keep) * others,)
 
 

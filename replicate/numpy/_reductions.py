@@ -95,7 +95,8 @@ def cumprod(x, axis=None, dtype=None):
     ``x`` too: before a row's first zero it is ``sum_{j>=i} g_j out_j / x_i``, at the first zero
     the same sum with the zero read as 1, after it 0 (second derivatives through the zeros are
     not all exact, as for ``prod``; a running product that underflows to 0 with no zero entry
-    loses the terms past it).
+    loses the terms past it; an inf entry makes NaN of the gradient's entries that divide by
+    it, where JAX gives numbers — ``prod``'s gradient divides by nothing and has them).
 
     >>> import replicate as rp, replicate.numpy as rnp
     >>> x = rnp.asarray([2.0, 0.0, 3.0])

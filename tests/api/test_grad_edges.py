@@ -10,7 +10,8 @@ differences, session 13), held in every mode and backend:
 4. ``huber``'s second derivative at a residual of 0 was 0 (it is 1);
 5. the JAX backend's ``cholesky``/``eigh`` read ``(a + a.T) / 2``, NumPy's the lower triangle;
 6. the gradient of ``svd``'s S of a non-square matrix with full matrices was a ShapeError;
-7. ``rp.grad`` with respect to integers gave zeros whatever the function: now an error.
+7. ``rp.grad`` with respect to integers gave zeros whatever the function: now an error;
+8. ``prod``'s gradient divided the product by each entry: NaN for an infinite one.
 """
 
 from __future__ import annotations
@@ -130,3 +131,30 @@ def test_the_gradient_of_svds_values_with_full_matrices(kw, shape):
 def test_a_gradient_with_respect_to_integers_is_an_error(kw):
     with pytest.raises(rp.ReplicateError, match="array of int64"):
         run(lambda x: rp.grad(rnp.sum(x * 2.5), x), kw, np.array([1, 2, 3]))
+
+
+def _others(x, axes):
+    """The product of the other entries of each one's reduced slice, by brute force."""
+    out = np.empty_like(x)
+    for i in np.ndindex(x.shape):
+        mask = np.zeros(x.shape, bool)
+        mask[tuple(slice(None) if a in axes else i[a] for a in range(x.ndim))] = True
+        mask[i] = False
+        out[i] = np.prod(x[mask])
+    return out
+
+
+@pytest.mark.parametrize("kw", MODES, ids=IDS)
+def test_the_gradient_of_prod_is_the_product_of_the_others(kw):
+    for x in ([2.0, np.inf, 3.0], [1.0, np.nan, 3.0], [2.0, 0.0, 3.0], [0.0, 0.0, 3.0],
+              [2.0, -np.inf, 0.0]):
+        x = np.float64(x)
+        with np.errstate(all="ignore"):
+            got = run(lambda x: rp.grad(rnp.prod(x), x), kw, x)
+            np.testing.assert_array_equal(got, _others(x, (0,)))
+    x = np.random.default_rng(1).standard_normal((2, 3, 2))
+    x[1, 2, 0] = np.inf
+    for axes in [(0, 2), (1,), (0, 1, 2)]:
+        with np.errstate(all="ignore"):
+            got = run(lambda x: rp.grad(rnp.sum(rnp.prod(x, axis=axes) * 1.5), x), kw, x)
+            np.testing.assert_allclose(got, 1.5 * _others(x, axes), rtol=1e-13)
