@@ -10,7 +10,9 @@ held here against the number the docs promise:
    position with the dict's sorted keys: each landed on another parameter of its shape;
 5. replicas handed batches of different sizes: the mean over replicas is the mean of their
    means (as DDP's) — now said by a warning; ``BatchNorm(cross_replica=True)`` weighs each
-   replica's statistics by its size, so it is exact whatever the split.
+   replica's statistics by its size, so it is exact whatever the split;
+6. ``rp.shard_batches(data, B)`` without ``ctx`` gives every replica the same rows — now said by
+   a warning when a process's replicas get the same first batch.
 """
 
 from __future__ import annotations
@@ -149,3 +151,20 @@ def test_cross_replica_batchnorm_weighs_replicas_by_their_batch_sizes(mode):
     np.testing.assert_allclose(mean2, mean, rtol=1e-12)
     np.testing.assert_allclose(var2, var, rtol=1e-12)
     np.testing.assert_allclose(split[0] + split[1], whole[0], rtol=1e-10, atol=1e-10)
+
+
+def test_replicas_handed_the_same_batch_are_warned_of():
+    x = np.arange(16.0).reshape(8, 2)
+    w = rp.Variable(np.zeros(2), name="w")
+    opt = rp.wrap_optimizer(rp.optim.SGD([w], lr=0.1))
+
+    def step(xb):
+        opt.apply([rp.grad(rnp.mean(xb @ w), w)])
+        return {}
+    with pytest.warns(UserWarning, match="same first batch: did it leave out ctx"):
+        rp.Replicator(lambda ctx: rp.shard_batches(x, 2, shuffle=False), step,
+                      replicas_per_rank=2).run(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rp.Replicator(lambda ctx: rp.shard_batches(x, 2, ctx, shuffle=False), step,
+                      replicas_per_rank=2).run(1)

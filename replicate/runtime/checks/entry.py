@@ -95,12 +95,31 @@ class BatchChecker:
                                  "nests (dict, list, tuple) of numeric or boolean arrays")
             if self.treedef is None:
                 self.treedef, self.first_step = treedef, step
+                warn_identical(batches, self.input_fn)
             elif treedef != self.treedef:
                 raise InputError(
                     f"{where()} a batch of another structure than at step {self.first_step}:\n"
                     f"  step {self.first_step}: {_structure(self.treedef)}\n"
                     f"  step {step}: {_structure(treedef)}\n"
                     "Every batch must have the same nest structure (shapes may change).")
+
+
+def warn_identical(batches, input_fn) -> None:
+    """A warning when this process's replicas were all handed the same first batch (NumPy
+    arrays, equal bit for bit): ``rp.shard_batches(data, B)`` without ``ctx`` gives every
+    replica the same rows, and R replicas then train as one on a batch R times smaller."""
+    if len(batches) < 2 or any(b is None for b in batches):
+        return
+    first = tree.flatten(batches[0])[0]
+    for other in batches[1:]:
+        leaves = tree.flatten(other)[0]
+        if not all(type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype
+                   and np.array_equal(a, b) for a, b in zip(first, leaves)):
+            return
+    warnings.warn(f"input_fn {function_location(input_fn)} gave all {len(batches)} replicas "
+                  "the same first batch: did it leave out ctx (rp.shard_batches(data, "
+                  "batch_size, ctx)) or the replica's own slice? Replicas fed the same data "
+                  "compute the same gradients", stacklevel=2)
 
 
 def _structure(treedef) -> str:
