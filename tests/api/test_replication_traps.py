@@ -12,11 +12,19 @@ held here against the number the docs promise:
    means (as DDP's) — now said by a warning; ``BatchNorm(cross_replica=True)`` weighs each
    replica's statistics by its size, so it is exact whatever the split;
 6. ``rp.shard_batches(data, B)`` without ``ctx`` gives every replica the same rows — now said by
-   a warning when a process's replicas get the same first batch.
+   a warning when a process's replicas get the same first batch;
+7. with ``prefetch=0`` a step (and a Variable assigned from it) held the very buffer an
+   ``input_fn`` refills: a Variable changed with the next batch, replicas sharing a buffer all
+   got the last one's rows — now every batch is copied as it is drawn, as with prefetch;
+8. a run stopped early on several processes kept its drawn next batches, and a restore then
+   trained on them before the checkpoint's own;
+9. a checkpoint restored into another number of replicas restarts the input elsewhere in the
+   data — now a warning.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -24,6 +32,7 @@ import pytest
 
 import replicate as rp
 import replicate.numpy as rnp
+from conftest import have_mpi, mpirun, report
 
 MODES = ["graph", "eager"]
 
@@ -168,3 +177,73 @@ def test_replicas_handed_the_same_batch_are_warned_of():
         warnings.simplefilter("error")
         rp.Replicator(lambda ctx: rp.shard_batches(x, 2, ctx, shuffle=False), step,
                       replicas_per_rank=2).run(1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_variable_assigned_from_a_refilled_buffer_keeps_its_value(mode, prefetch):
+    def input_fn(ctx):
+        buf = np.empty(2, np.float32)  # (one buffer, refilled for every step)
+        for i in range(5):
+            buf[:] = i
+            yield buf
+    prev = rp.Variable(np.full(2, -1, np.float32), name="prev")
+
+    def step(x):
+        d = x - prev
+        prev.assign(x[0:2])
+        return {"d": d[0]}
+    hist = rp.Replicator(input_fn, step, mode=mode, prefetch=prefetch).run()
+    assert [float(h["d"]) for h in hist] == [1.0] * 5
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_replicas_refilling_one_buffer_each_get_their_own_rows(prefetch):
+    shared = np.empty(2, np.float32)
+
+    def input_fn(ctx):
+        for i in range(3):
+            shared[:] = 10 * ctx.replica_id + i
+            yield shared
+    hist = rp.Replicator(input_fn, lambda b: b, replicas_per_rank=2, outputs="per_replica",
+                         prefetch=prefetch).run()
+    assert [h[:, 0].tolist() for h in hist] == [[0.0, 10.0], [1.0, 11.0], [2.0, 12.0]]
+
+
+def test_a_checkpoint_of_another_replica_count_is_warned_of(tmp_path):
+    x = np.arange(24, dtype=np.float32)
+    pattern = str(tmp_path / "s-{step}.npz")
+
+    def make(k):
+        w = rp.Variable(np.zeros((), np.float32), name="w")
+
+        def step(b):
+            w.assign(w + rp.all_reduce(b.sum(), "sum"))
+            return {}
+        rep = rp.Replicator(lambda ctx: rp.shard_batches(x, 2, ctx, shuffle=False), step,
+                            replicas_per_rank=k)
+        return rep, {"w": w}
+    rep, state = make(2)
+    rep.run(3, callbacks=[rp.callbacks.Checkpoint(pattern, state, every=3)])
+    rep, state = make(1)
+    with pytest.warns(UserWarning, match="written by a run of 2 replicas, restored into 1"):
+        rep.restore(pattern, state)
+    rep, state = make(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep.restore(pattern, state)
+
+
+@pytest.mark.parametrize("mode,k", [("graph", 1), ("graph", 2), ("eager", 1)])
+def test_a_restore_after_an_early_stop_trains_on_the_checkpoints_batches(mode, k, tmp_path):
+    if not have_mpi():
+        pytest.skip("needs mpi4py and mpiexec (mpich wheel)")
+    result = mpirun("state_mpi.py", "stop_restore", mode, str(k), str(tmp_path), check=True)
+    R = 2 * k  # (rows 0.. one per replica and step; steps 4 and 5 are rows 3R.. 5R - 1)
+    for rank in (0, 1):
+        lines = {ln.split(" ", 3)[2]: json.loads(ln.split(" ", 3)[3])
+                 for ln in result.stdout.splitlines() if ln.startswith(f"rank {rank} ")}
+        assert lines["restored"] == 3, report(result)
+        assert lines["rows"] == [list(map(float, range(3 * R, 4 * R))),
+                                 list(map(float, range(4 * R, 5 * R)))], report(result)
+        assert lines["w"] == float(sum(range(5 * R))), report(result)

@@ -8,12 +8,16 @@ Uneven last batch (``remainder``):
 
 * ``"drop"`` (default): the rows that do not fill a whole global batch are left out of the epoch.
 * ``"pad"``: the last global batch is filled up with repeated rows and every batch gets a trailing
-  float mask (1 for real rows, 0 for padding) to weight the loss with.
+  float mask (1 for real rows, 0 for padding) to weight the loss with. A replica's part of the
+  last batch may hold no real row at all: divide by the mask's sum over all replicas
+  (``rp.all_reduce(mask.sum(), "sum")``), not by its own (0: NaN).
 
 Either way every replica yields the same number of batches, so no replica can run out early.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -54,6 +58,20 @@ class _Batches:
         if self.total_steps:
             self.total_steps -= 1
         return batch
+
+
+def warn_other_replicas(info: dict, replicas: int, step: int) -> None:
+    """A warning when a checkpoint written by a run of another number of replicas is restored:
+    the input restarts at its step (``ctx.start_step``), which counts global batches — with
+    another global batch the position lands elsewhere in the data (examples skipped or
+    seen twice). Elastic jobs keep it fixed: ``Replicator(num_replicas=R)``."""
+    saved = (info.get("meta") or {}).get("replicas")
+    if saved is not None and saved != replicas:
+        warnings.warn(f"this checkpoint was written by a run of {saved} replicas, restored into "
+                      f"{replicas}: the input restarts at step {step}, which counts global "
+                      f"batches — with another global batch size it lands elsewhere in the data "
+                      "(examples skipped or seen twice). Keep the global batch: "
+                      "Replicator(num_replicas=...) fixes the replica count", stacklevel=3)
 
 
 def progress_total(steps, done: int, iterators, prefetcher=None, pending: bool = False):

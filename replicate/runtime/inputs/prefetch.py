@@ -85,6 +85,15 @@ def _own(x):
     return x
 
 
+def draw_owned(iterators) -> list:
+    """Every iterator's next batch (None where it ran out), its NumPy arrays copied (what
+    ``prefetch=0`` draws: a buffer an input_fn refills, or shares between its replicas, is
+    never what a step or a Variable holds; another library's arrays stay where they are)."""
+    return [None if b is None else tree.tree_map(
+        lambda x: x.copy() if isinstance(x, np.ndarray) else x, b) for b in
+        (next(it, None) for it in iterators)]
+
+
 def _draw(iterators) -> list:
     """Every iterator's next batch (None where it ran out), its arrays copied."""
     return [None if b is None else tree.tree_map(_own, b)

@@ -90,13 +90,14 @@ class Checkpoint:
             self._claim(rep, step)
         path = self.pattern.format(step=step)
         verify = getattr(rep, "check_sync", True) is not False
+        meta = {"replicas": getattr(rep, "num_replicas", None)}  # (a restore compares it)
         if not self.asynchronous:
             checkpoint.save(path, self.state, step=step, comm=rep.comm, run=self.run,
-                            verify=verify)
+                            verify=verify, meta=meta)
             self._rotate(rep.rank, path)
             return
         self.writer.connect(rep.comm)
-        self.writer.submit(path, self.state, step, verify, run=self.run,
+        self.writer.submit(path, self.state, step, verify, run=self.run, meta=meta,
                            then=lambda: self._rotate(rep.rank, path))
 
     def wait(self) -> None:

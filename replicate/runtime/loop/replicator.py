@@ -32,7 +32,7 @@ from ..communication.agree import STEP, SYNC, agree, digest
 from ..communication.comm import world
 from ..communication.schedule import Schedules
 from ..inputs import prefetch, staging
-from ..inputs.data import progress_total
+from ..inputs.data import progress_total, warn_other_replicas
 from ..inputs.prefetch import parse_prefetch
 from ..job import hooks, watchdog
 from ..variables.checkpoint import restore as restore_checkpoint
@@ -221,6 +221,7 @@ class Replicator(Inspection):
         if info is None:
             return self.step
         self.step = int(info["step"])
+        warn_other_replicas(info, self.num_replicas, self.step)
         self.contexts = [replace(ctx, start_step=self.step) for ctx in self.contexts]
         self.restart_input()
         self._synced.clear()
@@ -230,7 +231,7 @@ class Replicator(Inspection):
         """The input functions start anew at the next ``run`` (their iterators made again)."""
         if self._prefetcher is not None:
             self._prefetcher.close()
-        self._iterators, self._prefetcher = None, None
+        self._iterators, self._prefetcher, self._pending = None, None, None
 
     def variables(self) -> list:
         """The variables the steps run so far read or write (one copy on every rank)."""
@@ -297,7 +298,7 @@ class Replicator(Inspection):
             weakref.finalize(self, self._prefetcher.close)  # the thread ends with us
         if self._prefetcher is not None:
             return self._prefetcher.next()
-        return [next(it, None) for it in self._iterators]
+        return prefetch.draw_owned(self._iterators)
 
     def _describe_step_start(self):
         return (f"the start of step {self.step + 1} (its input check, before step_fn) in "

@@ -70,7 +70,7 @@ class BackgroundWriter:
             thread.start()
 
     def submit(self, path: str, state, step: int, verify: bool = True, then=None,
-               run: str | None = None) -> None:
+               run: str | None = None, meta: dict | None = None) -> None:
         """Copy ``state`` now; write it to ``path`` (naming ``run``) on the thread, then call
         ``then()``."""
         self.wait()
@@ -78,7 +78,7 @@ class BackgroundWriter:
             self._staging.pop(0).join()
         frozen = self._copy(_nest(state), "")
         self._thread = threading.Thread(target=self._write, name=f"checkpoint {path}",
-                                        args=(path, frozen, step, verify, then, run))
+                                        args=(path, frozen, step, verify, then, run, meta))
         self._thread.start()
 
     def wait(self) -> None:
@@ -90,10 +90,11 @@ class BackgroundWriter:
         if error is not None:
             raise error
 
-    def _write(self, path, frozen, step, verify, then, run):
+    def _write(self, path, frozen, step, verify, then, run, meta=None):
         try:
             with profile.span("checkpoint write (background)", "checkpoint"):
-                checkpoint.save(path, frozen, step=step, comm=self.comm, verify=verify, run=run)
+                checkpoint.save(path, frozen, step=step, comm=self.comm, verify=verify, run=run,
+                                meta=meta)
             if then is not None:
                 then()
         except BaseException as e:  # noqa: BLE001 - raised by the next submit or wait

@@ -121,6 +121,27 @@ def main():
         overflow(mode, k)
     elif scenario == "bf16_allreduce":
         bf16_allreduce(mode, k)
+    elif scenario == "stop_restore":
+        stop_restore(mode, k, sys.argv[4])
+
+
+def stop_restore(mode, k, folder):
+    """Stopped early at step 5 (the ranks have drawn step 6's batches), restored to step 3's
+    checkpoint: steps 4 and 5 again, on their own batches (not the pending step 6's)."""
+    x = np.arange(40, dtype=np.float32)
+    w = rp.Variable(np.zeros((), np.float32), name="w")
+
+    def step_fn(b):
+        w.assign(w + rp.all_reduce(b.sum(), "sum"))  # (w: the sum of the rows trained on)
+        return {"x": b}
+    rep = rp.Replicator(lambda ctx: rp.shard_batches(x, 1, ctx, epochs=1, shuffle=False),
+                        step_fn, mode=mode, replicas_per_rank=k, outputs="per_replica")
+    pattern = os.path.join(folder, "s-{step}.npz")
+    rep.run(10, callbacks=[rp.callbacks.Checkpoint(pattern, {"w": w}, every=3),
+                           lambda r, step, out: step == 5 and r.stop()])
+    say("restored", rep.restore(pattern, {"w": w}))
+    say("rows", [h["x"].ravel().tolist() for h in rep.run(2)])
+    say("w", float(w.numpy()))
 
 
 def bf16_allreduce(mode, k):
