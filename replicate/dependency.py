@@ -78,11 +78,13 @@ def _snapshot(obj) -> dict:
 
 
 class _Guard:
-    __slots__ = ("obj", "version", "state", "key")
+    __slots__ = ("obj", "version", "state", "key", "keyed")
 
     def __init__(self, obj):
         self.obj, self.version, self.state = obj, obj._trace_version, _snapshot(obj)
-        self.key = obj.trace_key() if _custom_key(obj) else None
+        # (a key may itself be None — autocast off: "no key" is ``keyed``, not the key's value)
+        self.keyed = _custom_key(obj)
+        self.key = obj.trace_key() if self.keyed else None
 
     def holds(self) -> bool:
         obj = self.obj
@@ -92,7 +94,7 @@ class _Guard:
                     _same(v, now[k]) for k, v in self.state.items()):
                 return False
             self.version = obj._trace_version  # the same values again (train, eval, train)
-        return self.key is None or obj.trace_key() == self.key
+        return not self.keyed or obj.trace_key() == self.key
 
 
 def guards(objects) -> tuple:

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from . import numpy as rnp
+from .dtypes import is_float, result_type
 from .errors import ReplicateError
 
 
@@ -35,6 +36,16 @@ def _key(rng):
     return rng
 
 
+def _float_parameters(*xs) -> list:
+    """The parameters as arrays of one float dtype, PyTorch's: the arrays' (integers: float32,
+    the default float), Python numbers taking the arrays' dtype (``Normal(0, 1)`` is float32;
+    an integer ``loc`` drew integer noise, all 0)."""
+    arrays = [rnp.asarray(x) for x in xs if not isinstance(x, (bool, int, float))]
+    floats = [a.dtype for a in arrays if is_float(a.dtype)]
+    dtype = result_type(*floats) if floats else np.dtype(np.float32)
+    return [rnp.cast(rnp.asarray(x), dtype) for x in xs]
+
+
 class Categorical:
     """A categorical distribution over the last axis of ``logits`` (unnormalised
     log-probabilities) or ``probs``; the leading axes are the batch."""
@@ -42,8 +53,10 @@ class Categorical:
     def __init__(self, logits=None, probs=None):
         if (logits is None) == (probs is None):
             raise ReplicateError("Categorical takes logits or probs (one of them)")
-        if probs is not None:
-            logits = rnp.log(rnp.asarray(probs))
+        if probs is not None:  # (a 0 is -inf; through a select, so its gradient is 0, not NaN)
+            probs = rnp.asarray(probs)
+            some = probs > 0
+            logits = rnp.where(some, rnp.log(rnp.where(some, probs, 1.0)), -np.inf)
         logits = rnp.asarray(logits)
         if logits.ndim < 1:
             raise ReplicateError("Categorical: logits need a last axis of categories")
@@ -88,7 +101,7 @@ class Normal:
     (broadcast together: the batch)."""
 
     def __init__(self, loc, scale):
-        self.loc, self.scale = rnp.asarray(loc), rnp.asarray(scale)
+        self.loc, self.scale = _float_parameters(loc, scale)
         shape = tuple(np.broadcast_shapes(self.loc.shape, self.scale.shape))
         self.loc, self.scale = rnp.broadcast_to(self.loc, shape), rnp.broadcast_to(
             self.scale, shape)

@@ -106,13 +106,17 @@ def autocast_dtype():
 class autocast(contextlib.ContextDecorator):
     """Mixed precision for the code inside (``torch.autocast``'s contract), traced and eager.
 
-    Inside, the inputs of ``matmul``, ``dot``, ``einsum`` and ``conv2d`` (so every ``Linear`` and
-    ``Conv2d``) are cast to ``dtype`` (``"bfloat16"`` or ``"float16"``), and their results are of
-    that dtype; sums, means, variances, ``logsumexp``, softmax/log-softmax, normalisation
-    statistics and the losses of ``rp.nn`` take float16/bfloat16 operands in float32. Parameters
-    keep their own dtype: the casts are ops, so gradients reach float32 parameters in float32.
-    ``autocast(None)`` turns it off for a region inside. Thread-local; use it inside
-    ``step_fn`` (a traced step keeps what was on while it was traced).
+    Inside, the float32 (and float16/bfloat16) inputs of ``matmul``, ``dot``, ``einsum`` and
+    ``conv2d`` (so every ``Linear`` and ``Conv2d``) are cast to ``dtype`` (``"bfloat16"`` or
+    ``"float16"``) — float64 ones are not, as PyTorch's autocast leaves doubles — and their
+    products are of that dtype (a layer that adds a float32 bias to one returns float32: the
+    sum promotes, where PyTorch's ``Linear`` casts the bias and returns bfloat16); sums, means,
+    variances, ``logsumexp``, softmax/log-softmax, normalisation statistics and the losses of
+    ``rp.nn`` take float16/bfloat16 operands in float32. Parameters keep their own dtype: the
+    casts are ops, so gradients reach float32 parameters in float32. ``autocast(None)`` turns
+    it off for a region inside. Thread-local; inside ``step_fn`` a traced step keeps what was
+    on while it was traced, and a compiled call made inside or outside ``autocast`` is traced
+    for that setting (either order).
 
     >>> import numpy as np, replicate as rp, replicate.numpy as rnp
     >>> with rp.autocast("bfloat16"):

@@ -47,7 +47,7 @@ from ..errors import ReplicateError
 from ..graph.conv import ROWS as CONV_ROWS
 from ..graph.interpret import note_failure
 from ..graph.primitives import REGISTRY, index_tuple
-from ..graph.reference import table
+from ..graph.reference import table, uniform_bits
 from . import cuda_blas, cuda_codegen, cuda_random, cuda_raw
 from .base import Executable, profile_label, profiled_bytes
 from .cuda_graph import replayed
@@ -164,11 +164,12 @@ def _random_bits(key, shape, dtype, stream=0):
     return out
 
 
-def _random_uniform(key, shape, dtype):
-    """As the reference: 24 random bits scaled by 2**-24 (exact in float32)."""
+def _random_uniform(key, shape, dtype, bits=None):
+    """As the reference: n random bits scaled by 2**-n (``reference.uniform_bits``)."""
+    n = uniform_bits(dtype) if bits is None else bits
     bits = _random_bits(key, shape, np.uint32, 2)
     work = cupy.float64 if np.dtype(dtype) == np.float64 else cupy.float32
-    return ((bits >> cupy.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
+    return ((bits >> cupy.uint32(32 - n)).astype(work) * work(1.0 / (1 << n))).astype(dtype)
 
 
 _SCATTER_ADD = ScatterAdd(cupy)

@@ -144,14 +144,24 @@ def _random_bits(xp):
     return run
 
 
+def uniform_bits(dtype) -> int:
+    """How many random bits a uniform of ``dtype`` is made of: 24 (k * 2**-24 is exact in
+    float32; float64 takes the same 24), and its significand's for float16 (11) and bfloat16
+    (8) — more would round up to 1.0, outside ``[0, 1)``."""
+    return _UNIFORM_BITS.get(np.dtype(dtype), 24)
+
+
+_UNIFORM_BITS = {np.dtype(np.float16): 11, np.dtype(LOW_PRECISION[1]): 8}
+
+
 def _random_uniform(xp):
     bits_of = _random_bits(xp)
 
-    def run(key, shape, dtype):
+    def run(key, shape, dtype, bits=None):  # (bits: a widened float16/bfloat16 draw's)
+        n = uniform_bits(dtype) if bits is None else bits  # (k * 2**-n: exact in ``dtype``)
         bits = bits_of(key, shape, np.uint32, 2)
-        # 24 random bits scaled by 2**-24 are exact in float32; float64 only for float64
         work = xp.float64 if np.dtype(dtype) == np.float64 else xp.float32
-        return ((bits >> xp.uint32(8)).astype(work) * work(1.0 / (1 << 24))).astype(dtype)
+        return ((bits >> xp.uint32(32 - n)).astype(work) * work(1.0 / (1 << n))).astype(dtype)
     return run
 
 

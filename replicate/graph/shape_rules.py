@@ -306,7 +306,7 @@ def _einsum(*avals, subscripts):
     return AVal(tuple(sizes[c] for c in out), _same_dtype(*avals))
 
 
-def _random(key, shape, dtype, stream=0):
+def _random(key, shape, dtype, stream=0, bits=None):
     if key.shape != (2,) or key.dtype != np.uint32:
         raise ShapeError(f"a random key is uint32[2], got {key}")
     return AVal(tuple(shape), np.dtype(dtype))

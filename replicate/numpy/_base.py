@@ -116,11 +116,17 @@ def cast(x, dtype) -> Array:
 
 
 def autocast_operands(*xs) -> list:
-    """Inside ``rp.autocast(dtype)``: float operands cast to ``dtype`` (matrix products)."""
+    """Inside ``rp.autocast(dtype)``: float operands cast to ``dtype`` (matrix products) —
+    float64 ones left as they are, as ``torch.autocast`` leaves doubles (a float64 model asked
+    for float64)."""
     dtype = autocast_dtype()
     if dtype is None:
         return list(xs)
-    return [cast(x, dtype) if is_float(x.dtype) and x.dtype != dtype else x for x in xs]
+    return [cast(x, dtype) if is_float(x.dtype) and x.dtype not in (dtype, _F64) else x
+            for x in xs]
+
+
+_F64 = np.dtype(np.float64)
 
 
 def wide_operand(x) -> Array:

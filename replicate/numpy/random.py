@@ -17,10 +17,10 @@ import itertools
 
 import numpy as np
 
-from ..dtypes import finfo, is_float
+from ..dtypes import finfo, is_float, is_low_precision
 from ..errors import ReplicateError
 from ..graph.core import bind
-from ._base import as_array, float_operand
+from ._base import as_array, cast, float_operand
 from ._elementwise import cos, less, log, multiply, negative, sqrt, subtract
 from ._reductions import argmax
 
@@ -62,11 +62,14 @@ def uniform(k, shape=(), dtype=np.float32, minval=0.0, maxval=1.0):
 
 
 def normal(k, shape=(), dtype=np.float32):
-    """Standard normal numbers (Box–Muller)."""
+    """Standard normal numbers (Box–Muller; float16 and bfloat16 drawn in float32 and rounded:
+    from their own few-bit uniforms no draw would pass 3.3 standard deviations)."""
     k1, k2 = split(k)
-    u1 = subtract(1.0, uniform(k1, shape, dtype))  # in (0, 1]
-    u2 = uniform(k2, shape, dtype)
-    return multiply(sqrt(multiply(-2.0, log(u1))), cos(multiply(2 * np.pi, u2)))
+    work = np.float32 if is_low_precision(dtype) else np.dtype(dtype)
+    u1 = subtract(1.0, uniform(k1, shape, work))  # in (0, 1]
+    u2 = uniform(k2, shape, work)
+    z = multiply(sqrt(multiply(-2.0, log(u1))), cos(multiply(2 * np.pi, u2)))
+    return z if work == np.dtype(dtype) else cast(z, dtype)
 
 
 def bernoulli(k, p=0.5, shape=None):
@@ -77,8 +80,11 @@ def bernoulli(k, p=0.5, shape=None):
 
 
 def categorical(k, logits, axis=-1):
-    """Sample category indices from unnormalised log-probabilities (Gumbel-max)."""
+    """Sample category indices from unnormalised log-probabilities (Gumbel-max; float16 and
+    bfloat16 logits in float32, whose uniforms resolve small probabilities)."""
     logits = float_operand(logits)
+    if is_low_precision(logits.dtype):
+        logits = cast(logits, np.float32)
     u = uniform(k, logits.shape, logits.dtype)
     tiny = finfo(logits.dtype).tiny
     gumbel = negative(log(negative(log(u + tiny))))

@@ -22,6 +22,7 @@ from ..aval import AVal
 from ..core import Array, Graph, Node, bind
 from ..primitives import REGISTRY
 from ..rebuild import Rebuilder
+from ..reference import uniform_bits
 
 F32 = np.dtype(np.float32)
 
@@ -66,8 +67,12 @@ def widen(graph: Graph) -> Graph:
 
 def _wide_attrs(node):
     """The node's attributes with a float16/bfloat16 ``dtype`` attribute (random draws) made
-    float32."""
+    float32 — a uniform keeping its dtype's random bits (``bits``: in float32 they round to no
+    value at 1.0 again, outside its ``[0, 1)``)."""
     dtype = node.attrs.get("dtype")
     if dtype is not None and np.dtype(dtype) in LOW_PRECISION:
-        return {**node.attrs, "dtype": F32}
+        wide = {**node.attrs, "dtype": F32}
+        if node.prim == "random_uniform":
+            wide["bits"] = uniform_bits(dtype)
+        return wide
     return node.attrs
