@@ -22,7 +22,7 @@ import numpy as np
 
 from . import numpy as rnp
 from .dtypes import is_float, result_type
-from .errors import ReplicateError
+from .errors import DTypeError, ReplicateError
 
 
 def _key(rng):
@@ -77,6 +77,9 @@ class Categorical:
     def log_prob(self, value):
         """The log-probability of the integer categories ``value`` (shaped like the batch)."""
         value = rnp.asarray(value)
+        if value.dtype.kind not in "iub":  # (1.7 would be read as category 1)
+            raise DTypeError(f"Categorical.log_prob takes integer categories, got {value.dtype} "
+                             "values: cast whole numbers with rnp.astype(value, 'int64')")
         shape = tuple(np.broadcast_shapes(value.shape, self.batch_shape))
         logits = rnp.broadcast_to(self.logits, shape + self.logits.shape[-1:])
         index = rnp.expand_dims(rnp.broadcast_to(value, shape), -1)

@@ -8,7 +8,8 @@ PyTorch, session 13), in every mode and backend:
 3. float16/bfloat16 uniforms rounded up to 1.0: infinite normal draws, categories of
    probability 0 drawn;
 4. ``Categorical(probs=...)`` with a zero probability: NaN gradients;
-5. autocast cast float64 operands down (PyTorch leaves doubles).
+5. autocast cast float64 operands down (PyTorch leaves doubles);
+6. ``Categorical.log_prob(1.7)`` read category 1 (PyTorch validates): float values are an error.
 """
 
 from __future__ import annotations
@@ -91,3 +92,11 @@ def test_autocast_leaves_float64_operands(kw):
     wide, narrow = rp.function(f, **kw)(a)
     assert wide.dtype == np.float64 and wide[0, 0] == 1 + 2.0 ** -20
     assert narrow.dtype == rp.bfloat16
+
+
+@pytest.mark.parametrize("kw", MODES, ids=IDS)
+def test_categorical_log_prob_takes_integer_categories(kw):
+    f = rp.function(lambda v: D.Categorical(logits=rnp.zeros(3)).log_prob(v), **kw)
+    assert float(f(np.int32(1))) == pytest.approx(-np.log(3.0))
+    with pytest.raises(rp.DTypeError, match="integer categories, got float64"):
+        f(np.float64(1.7))
