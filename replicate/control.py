@@ -133,7 +133,7 @@ def _traced(branches, preds, operands, what):
         outs.append(fn(*operands))
         states.append(trace.branch_state())
         spans.append((start, len(trace.nodes)))
-    shift = 0  # (in order: a transfer the gates of one branch make serves the later ones)
+    shift = 0  # (the gates placed before a branch move the later branches along)
     for (start, end), mask in zip(spans, taken):
         shift += _gate(trace, start + shift, end + shift, mask)
     try:
