@@ -46,7 +46,7 @@ def check_structure(grads, params, n_grads, n_params, who) -> None:
     "2.weight"), each gradient on another parameter of its shape. Lists and tuples are alike."""
     if n_grads != n_params:
         raise ReplicateError(f"{who}: {n_grads} gradients for {n_params} parameters")
-    if _kind(grads) != _kind(params):
+    if grads != params and _kind(grads) != _kind(params):  # (equal: the common case, at once)
         raise ReplicateError(
             f"{who}: the gradients are nested differently from the parameters (a dict's keys "
             "are matched by name, a sequence by position) — pass rp.grad(loss, params) for the "
